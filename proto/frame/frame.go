@@ -1,0 +1,97 @@
+// Package frame encodes and decodes the dispatcher ⇄ worker WebSocket frames: one
+// binary frame is one smartroutev1.Envelope. Both ends use it so that what counts as
+// a bad frame is decided in one place.
+package frame
+
+import (
+	"errors"
+	"fmt"
+
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/smartroute/smartroute/proto/smartroutev1"
+)
+
+// ProtocolVersion is the version this build speaks.
+const ProtocolVersion = pb.ProtocolVersion_PROTOCOL_VERSION_CURRENT
+
+// DefaultMaxSize bounds a frame when the caller sets no limit of its own: large enough
+// for an inference request or result, small enough that one peer cannot exhaust memory.
+const DefaultMaxSize = 16 << 20
+
+// ErrEmpty, ErrTooLarge and ErrNoBody are the ways a frame is refused before or after
+// protobuf decoding; decoding errors themselves are wrapped in ErrMalformed.
+var (
+	ErrEmpty     = errors.New("empty frame")
+	ErrTooLarge  = errors.New("frame too large")
+	ErrNoBody    = errors.New("envelope has no body")
+	ErrMalformed = errors.New("malformed frame")
+)
+
+var unmarshal = proto.UnmarshalOptions{DiscardUnknown: true}
+
+// Decode parses one frame. maxSize <= 0 means DefaultMaxSize. A frame with unknown
+// fields decodes (newer peers may add fields); a frame with no known body does not.
+func Decode(b []byte, maxSize int) (*pb.Envelope, error) {
+	env := new(pb.Envelope)
+	if err := DecodeInto(b, maxSize, env); err != nil {
+		return nil, err
+	}
+	return env, nil
+}
+
+// DecodeInto is Decode into a caller-owned envelope, so a reader loop can reuse one.
+func DecodeInto(b []byte, maxSize int, env *pb.Envelope) error {
+	if maxSize <= 0 {
+		maxSize = DefaultMaxSize
+	}
+	switch {
+	case len(b) == 0:
+		return ErrEmpty
+	case len(b) > maxSize:
+		return fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, len(b), maxSize)
+	}
+	if err := unmarshal.Unmarshal(b, env); err != nil {
+		return fmt.Errorf("%w: %v", ErrMalformed, err)
+	}
+	if env.Body == nil {
+		return ErrNoBody
+	}
+	return nil
+}
+
+// Encode marshals an envelope into a frame, appending to buf (which may be nil).
+func Encode(buf []byte, env *pb.Envelope) ([]byte, error) {
+	if env.GetBody() == nil {
+		return nil, ErrNoBody
+	}
+	return proto.MarshalOptions{}.MarshalAppend(buf, env)
+}
+
+// CheckHello validates the first frame of a connection against the Worker-Id header.
+func CheckHello(env *pb.Envelope, headerWorkerID string) (*pb.Hello, error) {
+	h := env.GetHello()
+	if h == nil {
+		return nil, fmt.Errorf("first frame must be a hello, got %T", env.GetBody())
+	}
+	if h.GetProtocolVersion() != ProtocolVersion {
+		return nil, &VersionError{Got: h.GetProtocolVersion()}
+	}
+	if h.GetWorkerId() != headerWorkerID {
+		return nil, fmt.Errorf("hello worker_id %q does not match Worker-Id header %q", h.GetWorkerId(), headerWorkerID)
+	}
+	if h.GetMaxLabels() == 0 {
+		return nil, errors.New("hello max_labels must be at least 1")
+	}
+	if h.GetSlots() == 0 {
+		return nil, errors.New("hello slots must be at least 1")
+	}
+	return h, nil
+}
+
+// VersionError says a peer speaks another protocol version.
+type VersionError struct{ Got pb.ProtocolVersion }
+
+func (e *VersionError) Error() string {
+	return fmt.Sprintf("protocol version %d not supported (this dispatcher speaks %d)", int32(e.Got), int32(ProtocolVersion))
+}
