@@ -1,0 +1,74 @@
+package scheduler
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+// BenchmarkAssign measures one routing decision plus its completion (Submit then
+// Complete) across fleet and label-set sizes, for each path a task can take: "hit" (an
+// idle worker holds the label), "load" (nobody holds it: a free worker loads it,
+// evicting), and "mixed" (a label drawn at random from the whole set, so the hit rate
+// falls as labels outnumber worker capacity). Each path's cost per operation must stay
+// flat as workers and labels grow.
+func BenchmarkAssign(b *testing.B) {
+	for _, path := range []string{"hit", "load", "mixed"} {
+		for _, workers := range []int{10, 1_000, 10_000} {
+			for _, labels := range []int{10, 1_000, 100_000} {
+				if path == "load" && labels <= 2*workers {
+					continue // every label is held: there is no load path to measure
+				}
+				b.Run(fmt.Sprintf("%s/workers=%d/labels=%d", path, workers, labels), func(b *testing.B) {
+					benchAssign(b, path, workers, labels)
+				})
+			}
+		}
+	}
+}
+
+func benchAssign(b *testing.B, path string, workers, labels int) {
+	clock := &fakeClock{now: time.Unix(0, 0)}
+	s, err := New(Config{Seed: 1}, clock)
+	if err != nil {
+		b.Fatal(err)
+	}
+	names := make([]string, labels)
+	for i := range names {
+		names[i] = fmt.Sprintf("label-%d", i)
+	}
+	for i := 0; i < workers; i++ {
+		spec := WorkerSpec{ID: fmt.Sprintf("w%d", i), MaxLabels: 2, Slots: 1,
+			Labels: []string{names[(2*i)%labels], names[(2*i+1)%labels]}}
+		if _, err := s.AddWorker(spec); err != nil {
+			b.Fatal(err)
+		}
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	picks := make([]int, 4096)
+	for i := range picks {
+		switch path {
+		case "hit": // a label some worker holds at setup, and keeps: hits never evict
+			picks[i] = rng.IntN(min(labels, 2*workers))
+		case "load": // a label beyond what the fleet can hold
+			picks[i] = 2*workers + rng.IntN(labels-2*workers)
+		default:
+			picks[i] = rng.IntN(labels)
+		}
+	}
+	var task Task
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		task = Task{ID: "t", Label: names[picks[i%len(picks)]]}
+		out, err := s.Submit(&task)
+		if err != nil || len(out.Assigned) != 1 {
+			b.Fatalf("submit: %v %+v", err, out)
+		}
+		w := out.Assigned[0].WorkerID
+		if _, err := s.Complete(w, &task, Observation{RunTime: time.Millisecond}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,733 @@
+// Package scheduler decides which worker runs which task. It is pure: no sockets, no
+// HTTP, no goroutines, no wall clock of its own. The dispatcher and the simulator drive
+// the very same code, so what the simulator measures is what production does.
+//
+// A Scheduler is not safe for concurrent use: its owner (the dispatcher's hub, under
+// one mutex, or the simulator's event loop) serialises every call. Each mutating call
+// returns an Outcome describing the assignments to send and the tasks that failed; the
+// Outcome's slices are reused by the next call, so consume them before calling again.
+//
+// Cost stays flat as the fleet grows: a task for a label goes to a member of that
+// label's idle-holder set, a load goes to a member of the free-worker sets, and a
+// worker that frees up looks only at the queues of the few labels it holds and at a
+// bounded prefix of the global queue. Nothing scans every worker or every label.
+package scheduler
+
+import (
+	"container/heap"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+)
+
+// Clock is the scheduler's only source of time.
+type Clock interface{ Now() time.Time }
+
+// Policy names a routing policy.
+type Policy string
+
+const (
+	// PolicyAffinity routes to idle holders of the label, queues per label, and
+	// weighs waiting for a busy holder against loading the label elsewhere.
+	PolicyAffinity Policy = "affinity"
+	// PolicyRandom is the baseline: one common FIFO queue, any free worker, chosen at
+	// random, loads whatever label the task needs.
+	PolicyRandom Policy = "random"
+)
+
+// Config tunes a Scheduler. The zero value of each field means its documented default.
+type Config struct {
+	// Policy chooses the routing policy. Zero means PolicyAffinity.
+	Policy Policy
+	// MaxAttempts bounds how many times a task is started before it fails because its
+	// workers kept disappearing. Zero means 3.
+	MaxAttempts int
+	// MaxPassOver bounds how long a queued task may be passed over by workers that
+	// prefer tasks for labels they hold. Zero means 2s.
+	MaxPassOver time.Duration
+	// LoadTimePrior and RunTimePrior are the estimates used for a label before any
+	// observation. Zero means 400ms and 50ms (the seed's figures).
+	LoadTimePrior time.Duration
+	RunTimePrior  time.Duration
+	// Seed makes random choices reproducible.
+	Seed uint64
+}
+
+// WithDefaults returns the config with zero fields replaced by their defaults.
+func (c Config) WithDefaults() Config {
+	if c.Policy == "" {
+		c.Policy = PolicyAffinity
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = 3
+	}
+	if c.MaxPassOver == 0 {
+		c.MaxPassOver = 2 * time.Second
+	}
+	if c.LoadTimePrior == 0 {
+		c.LoadTimePrior = 400 * time.Millisecond
+	}
+	if c.RunTimePrior == 0 {
+		c.RunTimePrior = 50 * time.Millisecond
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	switch c.Policy {
+	case PolicyAffinity, PolicyRandom:
+	default:
+		return fmt.Errorf("scheduler: Policy %q unknown (want %q or %q)", c.Policy, PolicyAffinity, PolicyRandom)
+	}
+	if c.MaxAttempts < 1 {
+		return fmt.Errorf("scheduler: MaxAttempts must be at least 1, got %d", c.MaxAttempts)
+	}
+	if c.MaxPassOver < 0 || c.LoadTimePrior < 0 || c.RunTimePrior < 0 {
+		return errors.New("scheduler: MaxPassOver, LoadTimePrior and RunTimePrior must not be negative")
+	}
+	return nil
+}
+
+// FailReason says why the scheduler gave up on a task.
+type FailReason int
+
+const (
+	// FailDeadline: the task's deadline passed while it was queued.
+	FailDeadline FailReason = iota + 1
+	// FailAttempts: the task's workers were lost MaxAttempts times.
+	FailAttempts
+)
+
+func (r FailReason) String() string {
+	switch r {
+	case FailDeadline:
+		return "deadline exceeded while queued"
+	case FailAttempts:
+		return "worker lost too many times"
+	}
+	return "unknown"
+}
+
+// Assignment tells the owner to send Task to WorkerID.
+type Assignment struct {
+	Task     *Task
+	WorkerID string
+	// EvictLabel is the label the worker must unload first; empty when none.
+	EvictLabel string
+	// Load is true when the worker does not hold the label yet.
+	Load bool
+}
+
+// Failure tells the owner that Task is finished without running.
+type Failure struct {
+	Task   *Task
+	Reason FailReason
+}
+
+// Outcome is what a call decided. Its slices are reused by the next call.
+type Outcome struct {
+	Assigned []Assignment
+	Failed   []Failure
+}
+
+// Errors returned for calls that name things the scheduler does not know.
+var (
+	ErrUnknownWorker = errors.New("scheduler: unknown worker")
+	ErrDuplicate     = errors.New("scheduler: worker already registered")
+	ErrUnknownTask   = errors.New("scheduler: task not running on that worker")
+	ErrTaskInUse     = errors.New("scheduler: task already submitted")
+)
+
+// Scheduler is the routing state: workers, the labels they hold, queued tasks.
+type Scheduler struct {
+	cfg   Config
+	clock Clock
+	rng   *rand.Rand
+
+	workers map[string]*worker
+	labels  map[string]*labelState
+	// free holds accepting workers with a free slot; roomy is its subset that also
+	// has room for another label without evicting.
+	free  workerSet
+	roomy workerSet
+
+	// queue is every queued task in arrival order (the common FIFO in random mode).
+	queue    taskList
+	queued   int
+	nextSeq  uint64
+	useTick  uint64
+	deadline deadlineHeap
+
+	out Outcome
+
+	// Recycled records: labels come and go with every load on a large label set, and
+	// reusing their records keeps the load path free of allocations.
+	spareLabels []*labelState
+	spareHeld   []*heldLabel
+}
+
+// New returns a Scheduler. It fails only for an invalid config.
+func New(cfg Config, clock Clock) (*Scheduler, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if clock == nil {
+		return nil, errors.New("scheduler: a Clock is required")
+	}
+	return &Scheduler{
+		cfg:     cfg,
+		clock:   clock,
+		rng:     rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
+		workers: make(map[string]*worker),
+		labels:  make(map[string]*labelState),
+	}, nil
+}
+
+// Config returns the effective configuration.
+func (s *Scheduler) Config() Config { return s.cfg }
+
+func (s *Scheduler) reset() *Outcome {
+	s.out.Assigned = s.out.Assigned[:0]
+	s.out.Failed = s.out.Failed[:0]
+	return &s.out
+}
+
+// WorkerSpec describes a worker as its hello announced it.
+type WorkerSpec struct {
+	ID string
+	// MaxLabels is how many labels it holds at once; at least 1.
+	MaxLabels int
+	// Slots is how many tasks it runs at once; at least 1.
+	Slots int
+	// Labels it holds now, least recently used first. Extras beyond MaxLabels are
+	// ignored (the least recent ones).
+	Labels []string
+	// Unavailable workers are known but take no tasks until SetAccepting(true).
+	Unavailable bool
+}
+
+// AddWorker registers a worker; it may take queued tasks at once.
+func (s *Scheduler) AddWorker(spec WorkerSpec) (*Outcome, error) {
+	out := s.reset()
+	if spec.ID == "" || spec.MaxLabels < 1 || spec.Slots < 1 {
+		return out, fmt.Errorf("scheduler: worker %q needs an id, MaxLabels >= 1 and Slots >= 1", spec.ID)
+	}
+	if _, ok := s.workers[spec.ID]; ok {
+		return out, fmt.Errorf("%w: %s", ErrDuplicate, spec.ID)
+	}
+	w := &worker{id: spec.ID, capacity: spec.MaxLabels, slots: spec.Slots, accepting: !spec.Unavailable,
+		freePos: -1, roomyPos: -1}
+	s.workers[spec.ID] = w
+	labels := spec.Labels
+	if len(labels) > w.capacity {
+		labels = labels[len(labels)-w.capacity:]
+	}
+	for _, l := range labels {
+		if w.find(l) < 0 {
+			s.addHeld(w, l, false)
+		}
+	}
+	s.refreshFree(w)
+	s.fill(w)
+	return out, nil
+}
+
+// RemoveWorker forgets a worker. Its running tasks go back to the front of the queue
+// (or fail, after MaxAttempts) and may be assigned to other workers at once.
+func (s *Scheduler) RemoveWorker(id string) (*Outcome, error) {
+	out := s.reset()
+	w, ok := s.workers[id]
+	if !ok {
+		return out, fmt.Errorf("%w: %s", ErrUnknownWorker, id)
+	}
+	w.accepting = false
+	s.refreshFree(w)
+	for len(w.held) > 0 {
+		s.dropHeld(w, len(w.held)-1)
+	}
+	delete(s.workers, id)
+	lost := w.running
+	w.running = nil
+	// Requeue newest first so that, pushed to the front one by one, the oldest ends first.
+	for i := len(lost) - 1; i >= 0; i-- {
+		t := lost[i]
+		t.worker = nil
+		if t.Attempt >= s.cfg.MaxAttempts {
+			t.state = stateDone
+			out.Failed = append(out.Failed, Failure{Task: t, Reason: FailAttempts})
+			continue
+		}
+		s.enqueue(t, true)
+	}
+	// Free workers had nothing queued they wanted; the requeued tasks may suit them.
+	for _, t := range lost {
+		if t.state == stateQueued {
+			s.place(t)
+		}
+	}
+	return out, nil
+}
+
+// SetAccepting marks a worker as taking tasks or not (draining, backend down).
+func (s *Scheduler) SetAccepting(id string, accepting bool) (*Outcome, error) {
+	out := s.reset()
+	w, ok := s.workers[id]
+	if !ok {
+		return out, fmt.Errorf("%w: %s", ErrUnknownWorker, id)
+	}
+	w.accepting = accepting
+	s.refreshFree(w)
+	s.fill(w)
+	return out, nil
+}
+
+// Submit routes a new task: at once to a worker, or into the queue. The task must be
+// fresh (zero state); the scheduler owns it until it comes back in an Outcome or
+// through Complete.
+func (s *Scheduler) Submit(t *Task) (*Outcome, error) {
+	out := s.reset()
+	if t.state != stateNew {
+		return out, ErrTaskInUse
+	}
+	t.seq = s.nextSeq
+	s.nextSeq++
+	t.Enqueued = s.clock.Now()
+	if !s.place(t) {
+		s.enqueue(t, false)
+	}
+	return out, nil
+}
+
+// Observation is what a finished task teaches the scheduler about its label.
+type Observation struct {
+	// Loaded is true when the worker had to load the label for the task.
+	Loaded   bool
+	LoadTime time.Duration
+	RunTime  time.Duration
+}
+
+// Complete records that a task attempt ended on a worker (well or not) and lets the
+// worker take its next task.
+func (s *Scheduler) Complete(workerID string, t *Task, obs Observation) (*Outcome, error) {
+	out := s.reset()
+	w, ok := s.workers[workerID]
+	if !ok {
+		return out, fmt.Errorf("%w: %s", ErrUnknownWorker, workerID)
+	}
+	i := w.runningIndex(t)
+	if i < 0 {
+		return out, fmt.Errorf("%w: %s on %s", ErrUnknownTask, t.ID, workerID)
+	}
+	w.running[i] = w.running[len(w.running)-1]
+	w.running[len(w.running)-1] = nil
+	w.running = w.running[:len(w.running)-1]
+	t.state = stateDone
+	t.worker = nil
+	if h := w.find(t.Label); h >= 0 {
+		w.held[h].inUse--
+		if obs.Loaded {
+			w.held[h].pending = false
+		}
+	}
+	s.observe(t.Label, obs)
+	s.refreshFree(w)
+	s.fill(w)
+	return out, nil
+}
+
+// Expire fails every queued task whose deadline has passed.
+func (s *Scheduler) Expire() *Outcome {
+	out := s.reset()
+	now := s.clock.Now()
+	for len(s.deadline) > 0 && !s.deadline[0].Deadline.After(now) {
+		t := s.deadline[0]
+		s.unqueue(t)
+		t.state = stateDone
+		out.Failed = append(out.Failed, Failure{Task: t, Reason: FailDeadline})
+	}
+	return out
+}
+
+// NextDeadline is the earliest deadline among queued tasks.
+func (s *Scheduler) NextDeadline() (time.Time, bool) {
+	if len(s.deadline) == 0 {
+		return time.Time{}, false
+	}
+	return s.deadline[0].Deadline, true
+}
+
+// Cancel removes a queued task; it reports false when the task is not queued.
+func (s *Scheduler) Cancel(t *Task) bool {
+	if t.state != stateQueued {
+		return false
+	}
+	s.unqueue(t)
+	t.state = stateDone
+	return true
+}
+
+// LabelLoaded confirms that a worker holds a label (a load it was told to do, or one
+// it reports on its own). Unknown workers are ignored.
+func (s *Scheduler) LabelLoaded(workerID, label string) *Outcome {
+	out := s.reset()
+	w, ok := s.workers[workerID]
+	if !ok {
+		return out
+	}
+	if i := w.find(label); i >= 0 {
+		w.held[i].pending = false
+		return out
+	}
+	// The worker loaded a label we did not ask for: believe it, making room in our
+	// view by dropping the least recently used label that is not in use.
+	if len(w.held) >= w.capacity {
+		v := s.lruVictim(w)
+		if v < 0 {
+			return out
+		}
+		s.dropHeld(w, v)
+	}
+	s.addHeld(w, label, false)
+	s.refreshFree(w)
+	s.fill(w)
+	return out
+}
+
+// LabelGone records that a worker no longer holds a label (evicted on its own, or a
+// load that failed). Tasks queued for it stay queued for other holders or a load.
+func (s *Scheduler) LabelGone(workerID, label string) *Outcome {
+	out := s.reset()
+	w, ok := s.workers[workerID]
+	if !ok {
+		return out
+	}
+	if i := w.find(label); i >= 0 && w.held[i].inUse == 0 {
+		s.dropHeld(w, i)
+		s.refreshFree(w)
+		s.fill(w)
+	}
+	return out
+}
+
+// QueuedTasks is the number of tasks waiting.
+func (s *Scheduler) QueuedTasks() int { return s.queued }
+
+// Queued is the number of tasks waiting for a label.
+func (s *Scheduler) Queued(label string) int {
+	if ls := s.labels[label]; ls != nil {
+		return ls.queued
+	}
+	return 0
+}
+
+// WorkerView is a read-only snapshot of a worker for ops endpoints.
+type WorkerView struct {
+	ID        string
+	Labels    []string // least recently used first
+	Slots     int
+	Running   int
+	MaxLabels int
+	Accepting bool
+}
+
+// Worker returns a snapshot of one worker.
+func (s *Scheduler) Worker(id string) (WorkerView, bool) {
+	w, ok := s.workers[id]
+	if !ok {
+		return WorkerView{}, false
+	}
+	v := WorkerView{ID: w.id, Slots: w.slots, Running: len(w.running), MaxLabels: w.capacity, Accepting: w.accepting}
+	for _, i := range w.byRecency() {
+		v.Labels = append(v.Labels, w.held[i].label)
+	}
+	return v, true
+}
+
+// ----- placement ------------------------------------------------------------------
+
+// place tries to start t now. It returns false when t must wait.
+func (s *Scheduler) place(t *Task) bool {
+	if s.cfg.Policy == PolicyRandom {
+		if s.free.len() == 0 {
+			return false
+		}
+		w := s.free.at(s.rng.IntN(s.free.len()))
+		return s.assignLoading(w, t)
+	}
+	ls := s.labels[t.Label]
+	if ls != nil && ls.idle.len() > 0 {
+		s.assign(ls.idle.last(), t)
+		return true
+	}
+	if ls != nil && ls.holders > 0 && !s.loadBeatsWait(t.Label, ls, ls.queued) {
+		return false
+	}
+	w := s.loadTarget()
+	if w == nil {
+		return false
+	}
+	return s.assignLoading(w, t)
+}
+
+// loadBeatsWait is the seam for the cost model: true when loading the label on a free
+// worker is expected to finish the task sooner than waiting behind `ahead` queued tasks
+// for the label's busy holders.
+func (s *Scheduler) loadBeatsWait(label string, ls *labelState, ahead int) bool {
+	st := s.stats(label)
+	perHolder := float64(ahead+1) / float64(ls.holders)
+	wait := time.Duration(perHolder * float64(st.run))
+	return st.load+st.run < wait
+}
+
+// loadTarget picks a free worker to load a label on: one with room first; otherwise
+// among a few free workers the one whose least recently used label is the oldest.
+func (s *Scheduler) loadTarget() *worker {
+	if s.roomy.len() > 0 {
+		return s.roomy.last()
+	}
+	var best *worker
+	var bestUse uint64
+	// A bounded look keeps placement O(1) in the fleet size.
+	for i, n := s.free.len()-1, 0; i >= 0 && n < 4; i, n = i-1, n+1 {
+		w := s.free.at(i)
+		v := s.lruVictim(w)
+		if v < 0 {
+			continue
+		}
+		if best == nil || w.held[v].lastUse < bestUse {
+			best, bestUse = w, w.held[v].lastUse
+		}
+	}
+	return best
+}
+
+// assignLoading starts t on w, evicting w's least recently used idle label if w must
+// load and has no room. It returns false when every label of w is in use.
+func (s *Scheduler) assignLoading(w *worker, t *Task) bool {
+	if w.find(t.Label) >= 0 {
+		s.assign(w, t)
+		return true
+	}
+	evict := ""
+	if len(w.held) >= w.capacity {
+		v := s.lruVictim(w)
+		if v < 0 {
+			return false
+		}
+		evict = w.held[v].label
+		s.dropHeld(w, v)
+	}
+	s.addHeld(w, t.Label, true)
+	s.assign(w, t)
+	a := &s.out.Assigned[len(s.out.Assigned)-1]
+	a.Load, a.EvictLabel = true, evict
+	return true
+}
+
+// assign starts t on w, which holds t's label (perhaps pending a load).
+func (s *Scheduler) assign(w *worker, t *Task) {
+	if t.state == stateQueued {
+		s.unqueue(t)
+	}
+	t.state = stateRunning
+	t.worker = w
+	t.Attempt++
+	t.Started = s.clock.Now()
+	w.running = append(w.running, t)
+	i := w.find(t.Label)
+	w.held[i].inUse++
+	s.useTick++
+	w.held[i].lastUse = s.useTick
+	s.refreshFree(w)
+	s.out.Assigned = append(s.out.Assigned, Assignment{Task: t, WorkerID: w.id})
+}
+
+// fill gives a worker with free slots the queued tasks it should run.
+func (s *Scheduler) fill(w *worker) {
+	for w.accepting && len(w.running) < w.slots && s.queued > 0 {
+		t := s.pick(w)
+		if t == nil || !s.assignLoading(w, t) {
+			return
+		}
+	}
+}
+
+// passOverScan bounds how far down the global queue a freed worker looks for a task it
+// should load for, keeping the cost of a completion independent of queue length.
+const passOverScan = 8
+
+// pick chooses the next task for a worker that has a free slot, or nil.
+func (s *Scheduler) pick(w *worker) *Task {
+	head := s.queue.head
+	if head == nil {
+		return nil
+	}
+	if s.cfg.Policy == PolicyRandom {
+		return head
+	}
+	// Rule 4: no task is passed over for longer than MaxPassOver.
+	if s.clock.Now().Sub(head.Enqueued) >= s.cfg.MaxPassOver {
+		return head
+	}
+	// The oldest task for a label this worker holds.
+	var best *Task
+	for i := range w.held {
+		if ls := s.labels[w.held[i].label]; ls != nil && ls.queue.head != nil {
+			if c := ls.queue.head; best == nil || c.seq < best.seq {
+				best = c
+			}
+		}
+	}
+	if best != nil {
+		return best
+	}
+	// Else the oldest label backlog that is better served by loading here than by
+	// waiting for the label's busy holders.
+	n := 0
+	for t := head; t != nil && n < passOverScan; t, n = t.next, n+1 {
+		ls := s.labels[t.Label]
+		if ls.queue.head != t {
+			continue
+		}
+		if ls.holders == 0 || s.loadBeatsWait(t.Label, ls, ls.queued-1) {
+			return t
+		}
+	}
+	return nil
+}
+
+// ----- queue ----------------------------------------------------------------------
+
+func (s *Scheduler) enqueue(t *Task, front bool) {
+	ls := s.label(t.Label)
+	t.state = stateQueued
+	if front {
+		s.queue.pushFront(t)
+		ls.queue.pushFrontLabel(t)
+	} else {
+		s.queue.pushBack(t)
+		ls.queue.pushBackLabel(t)
+	}
+	s.queued++
+	ls.queued++
+	t.heapIdx = -1
+	if !t.Deadline.IsZero() {
+		heap.Push(&s.deadline, t)
+	}
+}
+
+func (s *Scheduler) unqueue(t *Task) {
+	ls := s.labels[t.Label]
+	s.queue.remove(t)
+	ls.queue.removeLabel(t)
+	s.queued--
+	ls.queued--
+	if t.heapIdx >= 0 {
+		heap.Remove(&s.deadline, t.heapIdx)
+	}
+	s.maybeForget(t.Label, ls)
+}
+
+// ----- labels held by workers -----------------------------------------------------
+
+func (s *Scheduler) label(name string) *labelState {
+	ls := s.labels[name]
+	if ls == nil {
+		if n := len(s.spareLabels); n > 0 {
+			ls = s.spareLabels[n-1]
+			s.spareLabels = s.spareLabels[:n-1]
+		} else {
+			ls = &labelState{}
+		}
+		s.labels[name] = ls
+	}
+	return ls
+}
+
+// maybeForget drops a label's state when nothing refers to it, so that a stream of
+// one-off labels cannot grow the scheduler without bound. Learned durations are kept
+// while the label is known.
+func (s *Scheduler) maybeForget(name string, ls *labelState) {
+	if ls.holders == 0 && ls.queued == 0 {
+		delete(s.labels, name)
+		*ls = labelState{idle: workerSet{items: ls.idle.items[:0]}}
+		s.spareLabels = append(s.spareLabels, ls)
+	}
+}
+
+func (s *Scheduler) addHeld(w *worker, label string, pending bool) {
+	ls := s.label(label)
+	s.useTick++
+	var h *heldLabel
+	if n := len(s.spareHeld); n > 0 {
+		h = s.spareHeld[n-1]
+		s.spareHeld = s.spareHeld[:n-1]
+	} else {
+		h = new(heldLabel)
+	}
+	*h = heldLabel{label: label, lastUse: s.useTick, pending: pending, idlePos: -1, state: ls}
+	w.held = append(w.held, h)
+	ls.holders++
+	if w.freePos >= 0 {
+		ls.idle.add(&h.idlePos, w)
+	}
+}
+
+func (s *Scheduler) dropHeld(w *worker, i int) {
+	h := w.held[i]
+	if h.idlePos >= 0 {
+		h.state.idle.remove(h.idlePos)
+	}
+	h.state.holders--
+	last := len(w.held) - 1
+	w.held[i] = w.held[last]
+	w.held[last] = nil
+	w.held = w.held[:last]
+	s.maybeForget(h.label, h.state)
+	*h = heldLabel{}
+	s.spareHeld = append(s.spareHeld, h)
+}
+
+// lruVictim is the index of w's least recently used label with no running task, or -1.
+func (s *Scheduler) lruVictim(w *worker) int {
+	v := -1
+	for i := range w.held {
+		if w.held[i].inUse > 0 {
+			continue
+		}
+		if v < 0 || w.held[i].lastUse < w.held[v].lastUse {
+			v = i
+		}
+	}
+	return v
+}
+
+// refreshFree keeps the free sets and the per-label idle-holder sets true for w.
+func (s *Scheduler) refreshFree(w *worker) {
+	free := w.isFree()
+	roomy := free && len(w.held) < w.capacity
+	if free != (w.freePos >= 0) {
+		if free {
+			s.free.add(&w.freePos, w)
+		} else {
+			s.free.remove(w.freePos)
+		}
+		for i := range w.held {
+			h := w.held[i]
+			if free {
+				h.state.idle.add(&h.idlePos, w)
+			} else {
+				h.state.idle.remove(h.idlePos)
+			}
+		}
+	}
+	if roomy != (w.roomyPos >= 0) {
+		if roomy {
+			s.roomy.add(&w.roomyPos, w)
+		} else {
+			s.roomy.remove(w.roomyPos)
+		}
+	}
+}

@@ -1,0 +1,379 @@
+package scheduler
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+)
+
+type fakeClock struct{ now time.Time }
+
+func (c *fakeClock) Now() time.Time          { return c.now }
+func (c *fakeClock) advance(d time.Duration) { c.now = c.now.Add(d) }
+
+type bundle struct {
+	t     *testing.T
+	s     *Scheduler
+	clock *fakeClock
+	n     int
+}
+
+func setup(t *testing.T, cfg Config) *bundle {
+	t.Helper()
+	clock := &fakeClock{now: time.Unix(1_700_000_000, 0)}
+	s, err := New(cfg, clock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &bundle{t: t, s: s, clock: clock}
+}
+
+func (b *bundle) worker(id string, maxLabels, slots int, labels ...string) []Assignment {
+	b.t.Helper()
+	out, err := b.s.AddWorker(WorkerSpec{ID: id, MaxLabels: maxLabels, Slots: slots, Labels: labels})
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	return append([]Assignment(nil), out.Assigned...)
+}
+
+func (b *bundle) task(label string) *Task {
+	b.n++
+	return &Task{ID: fmt.Sprintf("t%d", b.n), Label: label}
+}
+
+func (b *bundle) submit(t *Task) []Assignment {
+	b.t.Helper()
+	out, err := b.s.Submit(t)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	return append([]Assignment(nil), out.Assigned...)
+}
+
+func (b *bundle) complete(t *Task, loaded bool) []Assignment {
+	b.t.Helper()
+	out, err := b.s.Complete(t.WorkerID(), t, Observation{Loaded: loaded, RunTime: 50 * time.Millisecond})
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	return append([]Assignment(nil), out.Assigned...)
+}
+
+func one(t *testing.T, as []Assignment) Assignment {
+	t.Helper()
+	if len(as) != 1 {
+		t.Fatalf("want exactly one assignment, got %+v", as)
+	}
+	return as[0]
+}
+
+func none(t *testing.T, as []Assignment) {
+	t.Helper()
+	if len(as) != 0 {
+		t.Fatalf("want no assignment, got %d: first to %s for %s", len(as), as[0].WorkerID, as[0].Task.Label)
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	t.Parallel()
+	if _, err := New(Config{Policy: "fastest"}, &fakeClock{}); err == nil {
+		t.Fatal("unknown policy accepted")
+	}
+	if _, err := New(Config{MaxAttempts: -1}, &fakeClock{}); err == nil {
+		t.Fatal("negative MaxAttempts accepted")
+	}
+	if _, err := New(Config{}, nil); err == nil {
+		t.Fatal("nil clock accepted")
+	}
+}
+
+// Rule 1: an idle worker holding the label gets the task, with no load.
+func TestIdleHolderGetsTask(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	b.worker("w1", 2, 1, "a")
+	b.worker("w2", 2, 1, "b")
+	a := one(t, b.submit(b.task("b")))
+	if a.WorkerID != "w2" || a.Load || a.EvictLabel != "" {
+		t.Fatalf("got %+v, want w2 without a load", a)
+	}
+}
+
+// Rule 3: a label nobody holds loads on a worker with room before one that must evict.
+func TestLoadPrefersRoomThenEvictsLRU(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	b.worker("full", 2, 1, "x", "y")
+	b.worker("roomy", 2, 1, "z")
+	a := one(t, b.submit(b.task("new")))
+	if a.WorkerID != "roomy" || !a.Load || a.EvictLabel != "" {
+		t.Fatalf("got %+v, want a load on roomy without eviction", a)
+	}
+	// Now only "full" is free; it must evict its least recently used label, x.
+	a = one(t, b.submit(b.task("other")))
+	if a.WorkerID != "full" || a.EvictLabel != "x" {
+		t.Fatalf("got %+v, want full evicting x", a)
+	}
+	v, _ := b.s.Worker("full")
+	if fmt.Sprint(v.Labels) != "[y other]" {
+		t.Fatalf("full holds %v, want [y other]", v.Labels)
+	}
+}
+
+// Rule 2 (the seam): with one busy holder and a short queue, waiting beats a load; with
+// a long backlog, a free worker loads the label.
+func TestWaitOrLoad(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{LoadTimePrior: 400 * time.Millisecond, RunTimePrior: 50 * time.Millisecond})
+	b.worker("holder", 2, 1, "hot")
+	b.worker("spare", 2, 1, "cold")
+	first := b.task("hot")
+	one(t, b.submit(first))
+	// Up to 8 tasks ahead: wait (ahead+1)×50ms <= 450ms load+run: queue for the holder.
+	for i := 0; i < 9; i++ {
+		none(t, b.submit(b.task("hot")))
+	}
+	// Nine ahead: 10×50ms > 450ms: load on the spare worker.
+	a := one(t, b.submit(b.task("hot")))
+	if a.WorkerID != "spare" || !a.Load {
+		t.Fatalf("got %+v, want a load on spare", a)
+	}
+	// The holder frees and takes the oldest hot task, no load.
+	a = one(t, b.complete(first, false))
+	if a.WorkerID != "holder" || a.Load || a.Task.ID != "t2" {
+		t.Fatalf("got %+v (task %s), want holder taking t2 without load", a, a.Task.ID)
+	}
+}
+
+// Rule 4: a freed worker takes the oldest task for a label it holds, even when an
+// older task for another label waits.
+func TestFreedWorkerPrefersItsLabels(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{MaxPassOver: time.Hour})
+	b.worker("w1", 2, 1, "a")
+	running := b.task("a")
+	one(t, b.submit(running))
+	other := b.task("b")
+	none(t, b.submit(other)) // no free worker at all
+	mine := b.task("a")
+	none(t, b.submit(mine))
+	a := one(t, b.complete(running, false))
+	if a.Task != mine || a.Load {
+		t.Fatalf("took %s (load %v), want %s without load", a.Task.ID, a.Load, mine.ID)
+	}
+	// With no task for its labels left, it takes the oldest task overall and loads.
+	a = one(t, b.complete(mine, false))
+	if a.Task != other || !a.Load {
+		t.Fatalf("took %s, want %s with a load", a.Task.ID, other.ID)
+	}
+}
+
+// Rule 4's bound: a task passed over for MaxPassOver goes first.
+func TestNoStarvation(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{MaxPassOver: time.Second})
+	b.worker("w1", 1, 1, "a")
+	running := b.task("a")
+	one(t, b.submit(running))
+	starving := b.task("b")
+	none(t, b.submit(starving))
+	// Keep w1 fed with label a for less than the bound: b keeps waiting.
+	for i := 0; i < 3; i++ {
+		next := b.task("a")
+		none(t, b.submit(next))
+		b.clock.advance(200 * time.Millisecond)
+		a := one(t, b.complete(running, false))
+		if a.Task != next {
+			t.Fatalf("round %d: took %s, want %s", i, a.Task.ID, next.ID)
+		}
+		running = next
+	}
+	none(t, b.submit(b.task("a")))
+	b.clock.advance(time.Second)
+	a := one(t, b.complete(running, false))
+	if a.Task != starving || a.EvictLabel != "a" {
+		t.Fatalf("took %s evicting %q, want the starving %s evicting a", a.Task.ID, a.EvictLabel, starving.ID)
+	}
+}
+
+// No herding: a burst for a new label starts one load, not one per free worker.
+func TestBurstLoadsOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	for i := 0; i < 4; i++ {
+		b.worker(fmt.Sprintf("w%d", i), 2, 1)
+	}
+	loads := 0
+	for i := 0; i < 5; i++ {
+		for _, a := range b.submit(b.task("new")) {
+			if a.Load {
+				loads++
+			}
+		}
+	}
+	if loads != 1 {
+		t.Fatalf("burst of 5 started %d loads, want 1", loads)
+	}
+	if q := b.s.Queued("new"); q != 4 {
+		t.Fatalf("queued %d, want 4 waiting for the loading holder", q)
+	}
+}
+
+// A label with a running task is never evicted under it.
+func TestNoEvictionOfLabelInUse(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	b.worker("w1", 1, 2, "a")
+	one(t, b.submit(b.task("a")))
+	// w1 has a free slot but its only label is in use: the b task must wait.
+	none(t, b.submit(b.task("b")))
+}
+
+// Rule 5: random mode is one FIFO: a freed worker takes the head whatever its label.
+func TestRandomModeFIFO(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{Policy: PolicyRandom, Seed: 7})
+	b.worker("w1", 2, 1, "a")
+	first := b.task("a")
+	one(t, b.submit(first))
+	head := b.task("b")
+	none(t, b.submit(head))
+	none(t, b.submit(b.task("a")))
+	a := one(t, b.complete(first, false))
+	if a.Task != head || !a.Load {
+		t.Fatalf("took %s, want the FIFO head %s with a load", a.Task.ID, head.ID)
+	}
+}
+
+func TestRandomModeDeterministic(t *testing.T) {
+	t.Parallel()
+	run := func() string {
+		b := setup(t, Config{Policy: PolicyRandom, Seed: 42})
+		for i := 0; i < 8; i++ {
+			b.worker(fmt.Sprintf("w%d", i), 2, 1)
+		}
+		trace := ""
+		for i := 0; i < 8; i++ {
+			a := one(t, b.submit(b.task(fmt.Sprintf("l%d", i%3))))
+			trace += a.WorkerID + ","
+		}
+		return trace
+	}
+	if x, y := run(), run(); x != y {
+		t.Fatalf("same seed, different choices:\n%s\n%s", x, y)
+	}
+}
+
+// Rule 6: a queued task whose deadline passes fails and is never assigned.
+func TestDeadlineFailsQueuedTask(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	late := b.task("a")
+	late.Deadline = b.clock.now.Add(time.Second)
+	later := b.task("a")
+	later.Deadline = b.clock.now.Add(time.Minute)
+	none(t, b.submit(late))
+	none(t, b.submit(later))
+	if d, ok := b.s.NextDeadline(); !ok || !d.Equal(late.Deadline) {
+		t.Fatalf("NextDeadline = %v %v", d, ok)
+	}
+	if out := b.s.Expire(); len(out.Failed) != 0 {
+		t.Fatalf("expired early: %+v", out.Failed)
+	}
+	b.clock.advance(time.Second)
+	out := b.s.Expire()
+	if len(out.Failed) != 1 || out.Failed[0].Task != late || out.Failed[0].Reason != FailDeadline {
+		t.Fatalf("got %+v, want %s failed on deadline", out.Failed, late.ID)
+	}
+	a := one(t, b.worker("w1", 1, 1))
+	if a.Task != later {
+		t.Fatalf("new worker took %s, want %s", a.Task.ID, later.ID)
+	}
+}
+
+// Rule 7: a lost worker's task goes to the front of the queue and runs elsewhere, up to
+// MaxAttempts.
+func TestLostWorkerRequeuesThenFails(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{MaxAttempts: 2})
+	b.worker("w1", 1, 1, "a")
+	task := b.task("a")
+	one(t, b.submit(task))
+	queuedBehind := b.task("a")
+	none(t, b.submit(queuedBehind))
+	// w2 joins holding the label: it takes the queued task.
+	if a := one(t, b.worker("w2", 1, 1, "a")); a.Task != queuedBehind {
+		t.Fatalf("w2 took %s", a.Task.ID)
+	}
+	out, err := b.s.RemoveWorker("w1")
+	if err != nil || len(out.Assigned) != 0 || len(out.Failed) != 0 {
+		t.Fatalf("remove w1: %+v %v", out, err)
+	}
+	if !task.Queued() {
+		t.Fatal("lost task not requeued")
+	}
+	// w3 joins holding the label and takes the requeued task first: attempt 2.
+	a := one(t, b.worker("w3", 1, 1, "a"))
+	if a.Task != task || task.Attempt != 2 {
+		t.Fatalf("w3 took %s attempt %d", a.Task.ID, task.Attempt)
+	}
+	out, _ = b.s.RemoveWorker("w3")
+	if len(out.Failed) != 1 || out.Failed[0].Reason != FailAttempts {
+		t.Fatalf("after MaxAttempts want a failure, got %+v", out)
+	}
+}
+
+func TestCompleteChecksOwnership(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	b.worker("w1", 1, 1, "a")
+	b.worker("w2", 1, 1, "b")
+	task := b.task("a")
+	one(t, b.submit(task))
+	if _, err := b.s.Complete("w2", task, Observation{}); !errors.Is(err, ErrUnknownTask) {
+		t.Fatalf("complete on the wrong worker: %v", err)
+	}
+	if _, err := b.s.Complete("nobody", task, Observation{}); !errors.Is(err, ErrUnknownWorker) {
+		t.Fatalf("complete on an unknown worker: %v", err)
+	}
+	if _, err := b.s.AddWorker(WorkerSpec{ID: "w1", MaxLabels: 1, Slots: 1}); !errors.Is(err, ErrDuplicate) {
+		t.Fatalf("duplicate worker: %v", err)
+	}
+	if _, err := b.s.Submit(task); !errors.Is(err, ErrTaskInUse) {
+		t.Fatalf("resubmit of a running task: %v", err)
+	}
+}
+
+// The worker's own view wins: a label it reports gone is no longer routed to it.
+func TestLabelEvents(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	b.worker("w1", 2, 1, "a")
+	b.s.LabelGone("w1", "a")
+	if a := one(t, b.submit(b.task("a"))); !a.Load {
+		t.Fatal("label reported gone still treated as held")
+	}
+	b2 := setup(t, Config{})
+	b2.worker("w1", 1, 1, "a")
+	b2.s.LabelLoaded("w1", "z")
+	v, _ := b2.s.Worker("w1")
+	if fmt.Sprint(v.Labels) != "[z]" {
+		t.Fatalf("labels %v, want [z]", v.Labels)
+	}
+}
+
+func TestUnavailableWorkerTakesNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	if _, err := b.s.AddWorker(WorkerSpec{ID: "w1", MaxLabels: 1, Slots: 1, Labels: []string{"a"}, Unavailable: true}); err != nil {
+		t.Fatal(err)
+	}
+	task := b.task("a")
+	none(t, b.submit(task))
+	out, _ := b.s.SetAccepting("w1", true)
+	if len(out.Assigned) != 1 || out.Assigned[0].Task != task {
+		t.Fatalf("worker back: got %+v", out.Assigned)
+	}
+}

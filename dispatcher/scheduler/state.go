@@ -1,0 +1,285 @@
+package scheduler
+
+import "time"
+
+type taskState uint8
+
+const (
+	stateNew taskState = iota
+	stateQueued
+	stateRunning
+	stateDone
+)
+
+// Task is one unit of work as the scheduler sees it. The owner fills the exported
+// fields before Submit and reads them back from Outcomes; the rest is the scheduler's.
+type Task struct {
+	ID    string
+	Label string
+	// Deadline after which a queued task fails; zero means none.
+	Deadline time.Time
+	// Attempt counts the starts so far; the first assignment makes it 1.
+	Attempt int
+	// Enqueued is when Submit was called; Started when the current attempt began.
+	Enqueued time.Time
+	Started  time.Time
+	// Ref is the owner's handle on its own record of the task.
+	Ref any
+
+	state  taskState
+	seq    uint64
+	worker *worker
+	// Links in the global queue and in the label's queue.
+	prev, next           *Task
+	labelPrev, labelNext *Task
+	heapIdx              int
+}
+
+// Queued reports whether the task is waiting in the queue.
+func (t *Task) Queued() bool { return t.state == stateQueued }
+
+// Running reports whether the task is assigned to a worker.
+func (t *Task) Running() bool { return t.state == stateRunning }
+
+// WorkerID is the worker running the task, or "".
+func (t *Task) WorkerID() string {
+	if t.worker == nil {
+		return ""
+	}
+	return t.worker.id
+}
+
+type worker struct {
+	id        string
+	capacity  int
+	slots     int
+	accepting bool
+	held      []*heldLabel
+	running   []*Task
+	// Positions in the scheduler's free and roomy sets, -1 when absent.
+	freePos, roomyPos int
+}
+
+func (w *worker) isFree() bool { return w.accepting && len(w.running) < w.slots }
+
+func (w *worker) find(label string) int {
+	for i, h := range w.held {
+		if h.label == label {
+			return i
+		}
+	}
+	return -1
+}
+
+func (w *worker) runningIndex(t *Task) int {
+	for i, r := range w.running {
+		if r == t {
+			return i
+		}
+	}
+	return -1
+}
+
+// byRecency returns indexes into held, least recently used first.
+func (w *worker) byRecency() []int {
+	idx := make([]int, len(w.held))
+	for i := range idx {
+		idx[i] = i
+	}
+	for i := 1; i < len(idx); i++ {
+		for j := i; j > 0 && w.held[idx[j]].lastUse < w.held[idx[j-1]].lastUse; j-- {
+			idx[j], idx[j-1] = idx[j-1], idx[j]
+		}
+	}
+	return idx
+}
+
+// heldLabel is one label on one worker.
+type heldLabel struct {
+	label string
+	state *labelState
+	// lastUse orders labels by recency of assignment (a logical clock).
+	lastUse uint64
+	// inUse counts running tasks of this label on the worker; such a label is never
+	// evicted.
+	inUse int
+	// pending is true between the assignment that loads the label and the first
+	// result: it already counts as held, so a burst of tasks does not start a load on
+	// every worker.
+	pending bool
+	// idlePos is the worker's position in state.idle, -1 when absent.
+	idlePos int
+}
+
+// labelState indexes one label: who holds it and who waits for it.
+type labelState struct {
+	holders int
+	// idle holds the holders that have a free slot.
+	idle   workerSet
+	queue  labelList
+	queued int
+	est    estimate
+	// observed is true once est holds a measurement rather than the priors.
+	observed bool
+}
+
+// workerSet is an unordered set with O(1) add and remove: each member stores its
+// position through the pointer it was added with.
+type workerSet struct{ items []setItem }
+
+type setItem struct {
+	w   *worker
+	pos *int
+}
+
+func (s *workerSet) len() int         { return len(s.items) }
+func (s *workerSet) at(i int) *worker { return s.items[i].w }
+func (s *workerSet) last() *worker    { return s.items[len(s.items)-1].w }
+func (s *workerSet) add(pos *int, w *worker) {
+	*pos = len(s.items)
+	s.items = append(s.items, setItem{w, pos})
+}
+
+func (s *workerSet) remove(i int) {
+	last := len(s.items) - 1
+	*s.items[i].pos = -1
+	if i != last {
+		s.items[i] = s.items[last]
+		*s.items[i].pos = i
+	}
+	s.items[last] = setItem{}
+	s.items = s.items[:last]
+}
+
+// taskList is the global FIFO, linked through Task.prev/next.
+type taskList struct{ head, tail *Task }
+
+func (l *taskList) pushBack(t *Task) {
+	t.prev, t.next = l.tail, nil
+	if l.tail != nil {
+		l.tail.next = t
+	} else {
+		l.head = t
+	}
+	l.tail = t
+}
+
+func (l *taskList) pushFront(t *Task) {
+	t.prev, t.next = nil, l.head
+	if l.head != nil {
+		l.head.prev = t
+	} else {
+		l.tail = t
+	}
+	l.head = t
+}
+
+func (l *taskList) remove(t *Task) {
+	if t.prev != nil {
+		t.prev.next = t.next
+	} else {
+		l.head = t.next
+	}
+	if t.next != nil {
+		t.next.prev = t.prev
+	} else {
+		l.tail = t.prev
+	}
+	t.prev, t.next = nil, nil
+}
+
+// labelList is one label's FIFO, linked through Task.labelPrev/labelNext.
+type labelList struct{ head, tail *Task }
+
+func (l *labelList) pushBackLabel(t *Task) {
+	t.labelPrev, t.labelNext = l.tail, nil
+	if l.tail != nil {
+		l.tail.labelNext = t
+	} else {
+		l.head = t
+	}
+	l.tail = t
+}
+
+func (l *labelList) pushFrontLabel(t *Task) {
+	t.labelPrev, t.labelNext = nil, l.head
+	if l.head != nil {
+		l.head.labelPrev = t
+	} else {
+		l.tail = t
+	}
+	l.head = t
+}
+
+func (l *labelList) removeLabel(t *Task) {
+	if t.labelPrev != nil {
+		t.labelPrev.labelNext = t.labelNext
+	} else {
+		l.head = t.labelNext
+	}
+	if t.labelNext != nil {
+		t.labelNext.labelPrev = t.labelPrev
+	} else {
+		l.tail = t.labelPrev
+	}
+	t.labelPrev, t.labelNext = nil, nil
+}
+
+// deadlineHeap orders queued tasks that have a deadline, earliest first.
+type deadlineHeap []*Task
+
+func (h deadlineHeap) Len() int           { return len(h) }
+func (h deadlineHeap) Less(i, j int) bool { return h[i].Deadline.Before(h[j].Deadline) }
+func (h deadlineHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].heapIdx = i
+	h[j].heapIdx = j
+}
+func (h *deadlineHeap) Push(x any) {
+	t := x.(*Task)
+	t.heapIdx = len(*h)
+	*h = append(*h, t)
+}
+func (h *deadlineHeap) Pop() any {
+	old := *h
+	t := old[len(old)-1]
+	old[len(old)-1] = nil
+	t.heapIdx = -1
+	*h = old[:len(old)-1]
+	return t
+}
+
+// estimate holds learned durations for a label.
+type estimate struct{ load, run time.Duration }
+
+// ewmaWeight is how much one observation moves an estimate: recent enough to follow a
+// model that got slower, smooth enough that one outlier does not flip decisions.
+const ewmaWeight = 0.2
+
+func ewma(old, sample time.Duration) time.Duration {
+	return old + time.Duration(ewmaWeight*float64(sample-old))
+}
+
+func (s *Scheduler) stats(label string) estimate {
+	if ls := s.labels[label]; ls != nil && ls.observed {
+		return ls.est
+	}
+	return estimate{load: s.cfg.LoadTimePrior, run: s.cfg.RunTimePrior}
+}
+
+func (s *Scheduler) observe(label string, obs Observation) {
+	ls := s.labels[label]
+	if ls == nil {
+		return
+	}
+	if !ls.observed {
+		ls.est = estimate{load: s.cfg.LoadTimePrior, run: s.cfg.RunTimePrior}
+		ls.observed = true
+	}
+	if obs.Loaded && obs.LoadTime > 0 {
+		ls.est.load = ewma(ls.est.load, obs.LoadTime)
+	}
+	if obs.RunTime > 0 {
+		ls.est.run = ewma(ls.est.run, obs.RunTime)
+	}
+}
