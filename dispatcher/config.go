@@ -1,0 +1,131 @@
+package dispatcher
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/smartroute/smartroute/dispatcher/scheduler"
+	"github.com/smartroute/smartroute/proto/frame"
+)
+
+// Config configures a Dispatcher. The zero value of each field means its default.
+type Config struct {
+	// Addr is the listen address. Zero means 127.0.0.1:8080.
+	Addr string
+	// RandomDispatch sends every task through one common FIFO to any free worker: the
+	// baseline the benchmark compares against. It overrides Scheduler.Policy.
+	RandomDispatch bool
+	// Scheduler tunes routing; see scheduler.Config for its defaults.
+	Scheduler scheduler.Config
+
+	// TaskTimeout is the deadline of a task that names no timeout_ms. Zero means 5m.
+	TaskTimeout time.Duration
+	// ShutdownTimeout bounds how long shutdown waits for in-flight tasks before
+	// failing them with 503. Zero means 30s.
+	ShutdownTimeout time.Duration
+	// UploaderURL is where POST /upload-model is forwarded; empty answers 503.
+	UploaderURL string
+
+	// MaxBodyBytes bounds a /run-task body (413 beyond). Zero means 1 MiB.
+	MaxBodyBytes int64
+	// MaxQueued bounds the tasks waiting for a worker (429 beyond). Zero means 100000.
+	MaxQueued int
+	// TaskRetention is how long a finished task stays visible to GET /tasks/{id} and
+	// answers a resubmission of its id. Zero means 10m.
+	TaskRetention time.Duration
+	// TaskRetentionCount bounds how many finished tasks are kept. Zero means 100000.
+	TaskRetentionCount int
+
+	// SendQueueFrames bounds the frames queued for one worker; a worker that falls
+	// this far behind is disconnected. Zero means 1024.
+	SendQueueFrames int
+	// WriteTimeout is the deadline of every write to a worker. Zero means 10s.
+	WriteTimeout time.Duration
+	// PingInterval is how often a worker is pinged; a worker silent for 2.5 intervals
+	// is dropped. Zero means 10s.
+	PingInterval time.Duration
+	// HelloTimeout bounds the wait for a new worker's hello. Zero means 10s.
+	HelloTimeout time.Duration
+	// MaxFrameBytes is the read limit of a worker connection. Zero means 16 MiB.
+	MaxFrameBytes int64
+
+	// Logger receives the dispatcher's logs. Zero means a disabled logger.
+	Logger zerolog.Logger
+	// Clock is the scheduler's time source. Nil means the wall clock.
+	Clock scheduler.Clock
+}
+
+// WithDefaults returns the config with zero fields replaced by their defaults.
+func (c Config) WithDefaults() Config {
+	if c.Addr == "" {
+		c.Addr = "127.0.0.1:8080"
+	}
+	if c.RandomDispatch {
+		c.Scheduler.Policy = scheduler.PolicyRandom
+	}
+	c.Scheduler = c.Scheduler.WithDefaults()
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&c.TaskTimeout, 5*time.Minute)
+	def(&c.ShutdownTimeout, 30*time.Second)
+	def(&c.TaskRetention, 10*time.Minute)
+	def(&c.WriteTimeout, 10*time.Second)
+	def(&c.PingInterval, 10*time.Second)
+	def(&c.HelloTimeout, 10*time.Second)
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = 1 << 20
+	}
+	if c.MaxQueued == 0 {
+		c.MaxQueued = 100_000
+	}
+	if c.TaskRetentionCount == 0 {
+		c.TaskRetentionCount = 100_000
+	}
+	if c.SendQueueFrames == 0 {
+		c.SendQueueFrames = 1024
+	}
+	if c.MaxFrameBytes == 0 {
+		c.MaxFrameBytes = frame.DefaultMaxSize
+	}
+	if c.Clock == nil {
+		c.Clock = wallClock{}
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	var errs []error
+	positive := func(name string, v int64) {
+		if v <= 0 {
+			errs = append(errs, fmt.Errorf("%s must be positive, got %d", name, v))
+		}
+	}
+	positive("TaskTimeout", int64(c.TaskTimeout))
+	positive("ShutdownTimeout", int64(c.ShutdownTimeout))
+	positive("TaskRetention", int64(c.TaskRetention))
+	positive("WriteTimeout", int64(c.WriteTimeout))
+	positive("PingInterval", int64(c.PingInterval))
+	positive("HelloTimeout", int64(c.HelloTimeout))
+	positive("MaxBodyBytes", c.MaxBodyBytes)
+	positive("MaxQueued", int64(c.MaxQueued))
+	positive("TaskRetentionCount", int64(c.TaskRetentionCount))
+	positive("SendQueueFrames", int64(c.SendQueueFrames))
+	positive("MaxFrameBytes", c.MaxFrameBytes)
+	if c.UploaderURL != "" {
+		if u, err := url.Parse(c.UploaderURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			errs = append(errs, fmt.Errorf("UploaderURL %q must be an http(s) URL", c.UploaderURL))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+type wallClock struct{}
+
+func (wallClock) Now() time.Time { return time.Now() }

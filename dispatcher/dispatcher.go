@@ -1,0 +1,262 @@
+// Package dispatcher is smartroute's dispatcher: the HTTP task API, the ops API, the
+// /worker-listen WebSocket and the hub that feeds the scheduler. cmd/dispatcher turns
+// flags into a Config and calls Run.
+package dispatcher
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/labstack/echo/v4"
+	"github.com/labstack/echo/v4/middleware"
+	"github.com/rs/zerolog"
+
+	pb "github.com/smartroute/smartroute/proto/smartroutev1"
+)
+
+// Dispatcher serves producers and workers.
+type Dispatcher struct {
+	cfg  Config
+	log  zerolog.Logger
+	id   string
+	hub  *hub
+	echo *echo.Echo
+	// uploader forwards /upload-model; nil when no uploader is configured.
+	uploader *http.Client
+}
+
+type errorBody struct {
+	Error string `json:"error"`
+}
+
+// New validates the config and builds a Dispatcher; Run or Handler serve it.
+func New(cfg Config) (*Dispatcher, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("dispatcher config: %w", err)
+	}
+	h, err := newHub(cfg)
+	if err != nil {
+		return nil, err
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	host, _ := os.Hostname()
+	d := &Dispatcher{
+		cfg: cfg,
+		log: cfg.Logger.With().Str("component", "dispatcher").Logger(),
+		id:  host + "-" + hex.EncodeToString(b[:]),
+		hub: h,
+	}
+	if cfg.UploaderURL != "" {
+		d.uploader = &http.Client{Timeout: 30 * time.Minute} // model conversion is slow
+	}
+	d.echo = d.routes()
+	return d, nil
+}
+
+// Handler is the dispatcher's HTTP handler, for tests and embedding. Deadlines of
+// queued tasks are enforced only while Run or RunExpiry is running.
+func (d *Dispatcher) Handler() http.Handler { return d.echo }
+
+func (d *Dispatcher) routes() *echo.Echo {
+	e := echo.New()
+	e.HideBanner, e.HidePort = true, true
+	e.Use(middleware.Recover())
+	e.HTTPErrorHandler = func(err error, c echo.Context) {
+		if c.Response().Committed {
+			return
+		}
+		status, msg := http.StatusInternalServerError, "internal error"
+		var he *echo.HTTPError
+		if errors.As(err, &he) {
+			status, msg = he.Code, fmt.Sprint(he.Message)
+		}
+		if status >= 500 {
+			d.log.Error().Err(err).Str("path", c.Path()).Msg("request failed")
+		}
+		_ = c.JSON(status, errorBody{msg})
+	}
+	e.POST("/run-task", d.runTask)
+	e.GET("/tasks/:id", d.getTask)
+	e.GET("/health", func(c echo.Context) error { return c.JSON(http.StatusOK, map[string]string{"message": "OK"}) })
+	e.GET("/workers", d.getWorkers)
+	e.GET("/labels", func(c echo.Context) error { return c.JSON(http.StatusOK, d.hub.labelHolders()) })
+	e.POST("/upload-model", d.uploadModel)
+	e.GET("/worker-listen", d.serveWorker)
+	return e
+}
+
+func (d *Dispatcher) runTask(c echo.Context) error {
+	body, err := io.ReadAll(http.MaxBytesReader(c.Response(), c.Request().Body, d.cfg.MaxBodyBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return c.JSON(http.StatusRequestEntityTooLarge, errorBody{fmt.Sprintf("body larger than %d bytes", d.cfg.MaxBodyBytes)})
+		}
+		return c.JSON(http.StatusBadRequest, errorBody{"reading body: " + err.Error()})
+	}
+	spec, err := parseRunTask(body)
+	if err != nil {
+		return c.JSON(http.StatusBadRequest, errorBody{err.Error()})
+	}
+	rec, err := d.hub.submit(spec)
+	if err != nil {
+		var se *submitError
+		if errors.As(err, &se) {
+			if se.status == http.StatusTooManyRequests {
+				c.Response().Header().Set("Retry-After", "1")
+			}
+			return c.JSON(se.status, errorBody{se.msg})
+		}
+		return err
+	}
+	if !spec.returnResult {
+		return c.JSON(http.StatusAccepted, map[string]string{"task_id": rec.sched.ID, "status": statusQueued})
+	}
+	// Wait for the answer. A producer that goes away leaves the task running; its
+	// result stays available from GET /tasks/{id}. The safety timer answers 504 if a
+	// worker overruns the deadline and never reports back.
+	safety := time.NewTimer(time.Until(rec.sched.Deadline) + 5*time.Second)
+	defer safety.Stop()
+	select {
+	case <-rec.done:
+		return c.JSON(rec.answerStatus(), rec.view())
+	case <-c.Request().Context().Done():
+		return nil
+	case <-safety.C:
+		return c.JSON(http.StatusGatewayTimeout, errorBody{"deadline exceeded; task " + rec.sched.ID + " is still running"})
+	}
+}
+
+func (d *Dispatcher) getTask(c echo.Context) error {
+	v, ok := d.hub.lookup(c.Param("id"))
+	if !ok {
+		return c.JSON(http.StatusNotFound, errorBody{"unknown task " + c.Param("id")})
+	}
+	return c.JSON(http.StatusOK, v)
+}
+
+func (d *Dispatcher) getWorkers(c echo.Context) error {
+	switch c.QueryParam("detail") {
+	case "", "false", "0":
+		return c.JSON(http.StatusOK, map[string][]string{"workers": d.hub.workerIDs()})
+	case "true", "1":
+		return c.JSON(http.StatusOK, map[string]any{"workers": d.hub.workerDetails()})
+	}
+	return c.JSON(http.StatusBadRequest, errorBody{"detail must be true or false"})
+}
+
+func (d *Dispatcher) uploadModel(c echo.Context) error {
+	if d.uploader == nil {
+		return c.JSON(http.StatusServiceUnavailable, errorBody{errNoUploader.Error()})
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(c.Response(), c.Request().Body, d.cfg.MaxBodyBytes))
+	if err != nil {
+		return c.JSON(http.StatusRequestEntityTooLarge, errorBody{"upload request too large"})
+	}
+	req, err := http.NewRequestWithContext(c.Request().Context(), http.MethodPost, d.cfg.UploaderURL+"/upload-model", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := d.uploader.Do(req)
+	if err != nil {
+		return c.JSON(http.StatusBadGateway, errorBody{"uploader unreachable: " + err.Error()})
+	}
+	defer resp.Body.Close()
+	out, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return c.JSON(http.StatusBadGateway, errorBody{"reading uploader answer: " + err.Error()})
+	}
+	ct := resp.Header.Get("Content-Type")
+	if ct == "" {
+		ct = echo.MIMEApplicationJSON
+	}
+	return c.Blob(resp.StatusCode, ct, out)
+}
+
+// RunExpiry fails queued tasks whose deadline passes, until ctx ends. Run starts it;
+// tests that serve Handler themselves start it too.
+func (d *Dispatcher) RunExpiry(ctx context.Context) {
+	// Deadlines are checked on a short tick rather than with a timer per task: the
+	// heap makes a check cheap, and 20ms is well inside any useful deadline.
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			d.hub.expire()
+		}
+	}
+}
+
+// Run serves on cfg.Addr until ctx ends, then shuts down gracefully: it stops
+// accepting, lets in-flight tasks finish within ShutdownTimeout (failing the rest with
+// 503), and closes workers with CLOSE_CODE_SHUTDOWN so they reconnect elsewhere or
+// later. ready, if not nil, receives the bound address once listening.
+func (d *Dispatcher) Run(ctx context.Context, ready chan<- net.Addr) error {
+	ln, err := net.Listen("tcp", d.cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", d.cfg.Addr, err)
+	}
+	srv := &http.Server{Handler: d.echo, ReadHeaderTimeout: 10 * time.Second}
+	expiryCtx, stopExpiry := context.WithCancel(context.Background())
+	defer stopExpiry()
+	go d.RunExpiry(expiryCtx)
+
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	d.log.Info().Str("addr", ln.Addr().String()).Str("policy", string(d.cfg.Scheduler.Policy)).Msg("dispatcher listening")
+	if ready != nil {
+		ready <- ln.Addr()
+	}
+	select {
+	case err := <-serveErr:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	return d.shutdown(srv)
+}
+
+func (d *Dispatcher) shutdown(srv *http.Server) error {
+	d.log.Info().Dur("timeout", d.cfg.ShutdownTimeout).Msg("shutting down: finishing in-flight tasks")
+	deadline, cancel := context.WithTimeout(context.Background(), d.cfg.ShutdownTimeout)
+	defer cancel()
+	idle := d.hub.beginShutdown()
+	httpDone := make(chan error, 1)
+	// Shutdown closes the listener at once and waits for handlers, including
+	// producers waiting on their tasks; workers keep running those tasks meanwhile.
+	go func() { httpDone <- srv.Shutdown(deadline) }()
+	select {
+	case <-idle:
+	case <-deadline.Done():
+		if n := d.hub.failAll("dispatcher shut down before the task finished"); n > 0 {
+			d.log.Warn().Int("tasks", n).Msg("shutdown timeout: unfinished tasks failed with 503")
+		}
+	}
+	conns := d.hub.closeWorkers(&Disconnect{Code: pb.CloseCode_CLOSE_CODE_SHUTDOWN, Reason: "dispatcher shutting down"})
+	for _, wc := range conns {
+		select {
+		case <-wc.written:
+		case <-time.After(time.Second):
+		}
+	}
+	err := <-httpDone
+	if errors.Is(err, context.DeadlineExceeded) {
+		err = srv.Close()
+	}
+	d.log.Info().Int("workers_closed", len(conns)).Msg("dispatcher stopped")
+	return err
+}

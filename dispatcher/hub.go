@@ -1,0 +1,417 @@
+package dispatcher
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/golang-lru/v2/expirable"
+	"github.com/rs/zerolog"
+
+	"github.com/smartroute/smartroute/dispatcher/scheduler"
+	"github.com/smartroute/smartroute/proto/frame"
+	pb "github.com/smartroute/smartroute/proto/smartroutev1"
+)
+
+// hub owns the routing state. Everything below mu is guarded by it; the scheduler
+// is called only with mu held, and an Outcome is acted on before mu is released, so
+// assignments reach each worker's send queue in the order they were decided.
+type hub struct {
+	cfg   Config
+	log   zerolog.Logger
+	clock scheduler.Clock
+
+	idPrefix string
+	idSeq    atomic.Uint64
+
+	mu      sync.Mutex
+	sched   *scheduler.Scheduler
+	active  map[string]*taskRecord // tasks not finished yet
+	workers map[string]*workerConn // connected workers by id
+	closing bool                   // shutdown began: no new tasks or workers
+	idle    chan struct{}          // closed when closing and no task is active
+	// finished keeps answered tasks for GET /tasks/{id} and resubmissions. It locks
+	// itself; it sits here because it is only touched together with active.
+	finished *expirable.LRU[string, *taskRecord]
+}
+
+func newHub(cfg Config) (*hub, error) {
+	sched, err := scheduler.New(cfg.Scheduler, cfg.Clock)
+	if err != nil {
+		return nil, err
+	}
+	var b [4]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return nil, fmt.Errorf("task id prefix: %w", err)
+	}
+	return &hub{
+		cfg:      cfg,
+		log:      cfg.Logger.With().Str("component", "hub").Logger(),
+		clock:    cfg.Clock,
+		idPrefix: hex.EncodeToString(b[:]) + "-",
+		sched:    sched,
+		active:   make(map[string]*taskRecord),
+		workers:  make(map[string]*workerConn),
+		finished: expirable.NewLRU[string, *taskRecord](cfg.TaskRetentionCount, nil, cfg.TaskRetention),
+	}, nil
+}
+
+// submitError carries the HTTP status of a refused submission.
+type submitError struct {
+	status int
+	msg    string
+}
+
+func (e *submitError) Error() string { return e.msg }
+
+var errShuttingDown = &submitError{http.StatusServiceUnavailable, "dispatcher is shutting down"}
+
+// submit registers a task and routes it. A task id that is in flight or answered
+// within the retention returns that task's record instead of running it again.
+func (h *hub) submit(spec taskSpec) (*taskRecord, error) {
+	now := h.clock.Now()
+	if spec.id == "" {
+		spec.id = h.idPrefix + strconv.FormatUint(h.idSeq.Add(1), 10)
+	}
+	timeout := spec.timeout
+	if timeout == 0 {
+		timeout = h.cfg.TaskTimeout
+	}
+	rec := &taskRecord{
+		taskType:     spec.taskType,
+		params:       spec.params,
+		returnResult: spec.returnResult,
+		created:      now,
+		status:       statusQueued,
+		done:         make(chan struct{}),
+	}
+	rec.sched = scheduler.Task{ID: spec.id, Label: spec.label, Deadline: now.Add(timeout), Ref: rec}
+
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closing {
+		return nil, errShuttingDown
+	}
+	if prev := h.active[spec.id]; prev != nil {
+		return prev, nil
+	}
+	if prev, ok := h.finished.Get(spec.id); ok {
+		return prev, nil
+	}
+	if h.sched.QueuedTasks() >= h.cfg.MaxQueued {
+		return nil, &submitError{http.StatusTooManyRequests, fmt.Sprintf("queue full: %d tasks waiting", h.cfg.MaxQueued)}
+	}
+	h.active[spec.id] = rec
+	out, err := h.sched.Submit(&rec.sched)
+	if err != nil { // cannot happen for a fresh record; keep the books straight anyway
+		delete(h.active, spec.id)
+		return nil, err
+	}
+	h.apply(out)
+	return rec, nil
+}
+
+// lookup finds a task in flight or answered.
+func (h *hub) lookup(id string) (taskView, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if rec := h.active[id]; rec != nil {
+		return rec.view(), true
+	}
+	if rec, ok := h.finished.Get(id); ok {
+		return rec.view(), true
+	}
+	return taskView{}, false
+}
+
+// apply acts on a scheduler outcome. Caller holds mu.
+func (h *hub) apply(out *scheduler.Outcome) {
+	for _, a := range out.Assigned {
+		rec := a.Task.Ref.(*taskRecord)
+		rec.status = statusRunning
+		rec.workerID = a.WorkerID
+		rec.queueTime = a.Task.Started.Sub(a.Task.Enqueued) // submit to the start of this attempt
+		wc := h.workers[a.WorkerID]
+		if wc == nil {
+			// The scheduler only knows connected workers; a miss here is a bug.
+			h.log.Error().Str("worker_id", a.WorkerID).Str("task_id", a.Task.ID).Msg("assignment to unknown worker")
+			continue
+		}
+		env := &pb.Envelope{Body: &pb.Envelope_Assignment{Assignment: &pb.TaskAssignment{
+			TaskId:         a.Task.ID,
+			Attempt:        uint32(a.Task.Attempt),
+			TaskType:       rec.taskType,
+			Label:          a.Task.Label,
+			ParametersJson: rec.params,
+			DeadlineUnixMs: a.Task.Deadline.UnixMilli(),
+			EvictLabel:     a.EvictLabel,
+		}}}
+		b, err := frame.Encode(nil, env)
+		if err != nil {
+			h.log.Error().Err(err).Str("task_id", a.Task.ID).Msg("encode assignment")
+			continue
+		}
+		// A full queue disconnects the worker; its tasks come back when it is removed.
+		wc.send(b)
+	}
+	for _, f := range out.Failed {
+		rec := f.Task.Ref.(*taskRecord)
+		status := http.StatusGatewayTimeout
+		if f.Reason == scheduler.FailAttempts {
+			status = http.StatusServiceUnavailable
+		}
+		h.finish(rec, statusFailed, status, f.Reason.String())
+	}
+}
+
+// finish gives a task its one answer. Caller holds mu.
+func (h *hub) finish(rec *taskRecord, status string, httpStatus int, errMsg string) {
+	if rec.finished() {
+		return
+	}
+	rec.status = status
+	rec.httpStatus = httpStatus
+	rec.errMsg = errMsg
+	delete(h.active, rec.sched.ID)
+	h.finished.Add(rec.sched.ID, rec)
+	close(rec.done)
+	if h.closing && len(h.active) == 0 && h.idle != nil {
+		close(h.idle)
+		h.idle = nil
+	}
+}
+
+// expire fails queued tasks whose deadline passed.
+func (h *hub) expire() {
+	h.mu.Lock()
+	h.apply(h.sched.Expire())
+	h.mu.Unlock()
+}
+
+// addWorker registers a connection after its hello. A live connection with the same
+// id is replaced: its running tasks are requeued and it is closed with
+// CLOSE_CODE_REPLACED, on which the agent gives up, so two agents misconfigured with
+// one id do not take turns.
+func (h *hub) addWorker(wc *workerConn, hello *pb.Hello) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closing {
+		return &Disconnect{Code: pb.CloseCode_CLOSE_CODE_SHUTDOWN, Reason: "dispatcher is shutting down"}
+	}
+	if old := h.workers[wc.id]; old != nil {
+		h.removeLocked(old)
+		old.close(&Disconnect{Code: pb.CloseCode_CLOSE_CODE_REPLACED, Reason: "replaced by a newer connection with the same worker id"})
+		h.log.Warn().Str("worker_id", wc.id).Msg("worker id reconnected; closing the older connection")
+	}
+	h.workers[wc.id] = wc
+	out, err := h.sched.AddWorker(scheduler.WorkerSpec{
+		ID:          wc.id,
+		MaxLabels:   int(hello.GetMaxLabels()),
+		Slots:       int(hello.GetSlots()),
+		Labels:      hello.GetHeldLabels(),
+		Unavailable: hello.GetUnavailable(),
+	})
+	if err != nil {
+		delete(h.workers, wc.id)
+		return err
+	}
+	h.apply(out)
+	return nil
+}
+
+// removeWorker forgets a connection that ended; a no-op when it was replaced.
+func (h *hub) removeWorker(wc *workerConn) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.workers[wc.id] == wc {
+		h.removeLocked(wc)
+	}
+}
+
+func (h *hub) removeLocked(wc *workerConn) {
+	delete(h.workers, wc.id)
+	out, err := h.sched.RemoveWorker(wc.id)
+	if err != nil {
+		h.log.Error().Err(err).Str("worker_id", wc.id).Msg("remove worker")
+		return
+	}
+	for _, t := range out.Assigned {
+		if t.Task.Attempt > 1 {
+			h.log.Info().Str("task_id", t.Task.ID).Str("worker_id", t.WorkerID).Int("attempt", t.Task.Attempt).Msg("task from a lost worker reassigned")
+		}
+	}
+	h.apply(out)
+}
+
+// onResult records a worker's result. Results for attempts the dispatcher no longer
+// waits for (the task was requeued, or the id is unknown) are dropped: the producer
+// gets exactly one answer.
+func (h *hub) onResult(wc *workerConn, res *pb.TaskResult) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.workers[wc.id] != wc {
+		return
+	}
+	rec := h.active[res.GetTaskId()]
+	if rec == nil || rec.sched.WorkerID() != wc.id || uint32(rec.sched.Attempt) != res.GetAttempt() {
+		h.log.Debug().Str("worker_id", wc.id).Str("task_id", res.GetTaskId()).Uint32("attempt", res.GetAttempt()).Msg("stale result dropped")
+		return
+	}
+	loadTime := time.Duration(res.GetLoadDurationUs()) * time.Microsecond
+	runTime := time.Duration(res.GetRunDurationUs()) * time.Microsecond
+	out, err := h.sched.Complete(wc.id, &rec.sched, scheduler.Observation{Loaded: res.GetLabelMiss(), LoadTime: loadTime, RunTime: runTime})
+	if err != nil {
+		h.log.Error().Err(err).Str("worker_id", wc.id).Str("task_id", res.GetTaskId()).Msg("complete")
+		return
+	}
+	rec.labelMiss = rec.labelMiss || res.GetLabelMiss()
+	rec.loadTime += loadTime
+	rec.runTime = runTime
+	switch {
+	case res.GetOk():
+		rec.result = resultJSON(res.GetResult())
+		h.finish(rec, statusCompleted, http.StatusOK, "")
+	case !rec.sched.Deadline.IsZero() && !h.clock.Now().Before(rec.sched.Deadline):
+		h.finish(rec, statusFailed, http.StatusGatewayTimeout, "deadline exceeded while running: "+res.GetError())
+	default:
+		h.finish(rec, statusFailed, http.StatusBadGateway, "worker error: "+res.GetError())
+	}
+	h.apply(out)
+}
+
+func (h *hub) onLabelEvent(wc *workerConn, ev *pb.LabelEvent) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.workers[wc.id] != wc {
+		return
+	}
+	switch ev.GetKind() {
+	case pb.LabelEvent_KIND_LOADED:
+		h.apply(h.sched.LabelLoaded(wc.id, ev.GetLabel()))
+	case pb.LabelEvent_KIND_EVICTED, pb.LabelEvent_KIND_LOAD_FAILED:
+		h.apply(h.sched.LabelGone(wc.id, ev.GetLabel()))
+	}
+}
+
+func (h *hub) onStatus(wc *workerConn, st *pb.WorkerStatus) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.workers[wc.id] != wc {
+		return
+	}
+	out, err := h.sched.SetAccepting(wc.id, st.GetAccepting())
+	if err == nil {
+		h.apply(out)
+	}
+}
+
+// workerIDs lists connected workers, sorted.
+func (h *hub) workerIDs() []string {
+	h.mu.Lock()
+	ids := make([]string, 0, len(h.workers))
+	for id := range h.workers {
+		ids = append(ids, id)
+	}
+	h.mu.Unlock()
+	sort.Strings(ids)
+	return ids
+}
+
+// workerDetail is the JSON shape of GET /workers?detail=true entries.
+type workerDetail struct {
+	ID             string    `json:"id"`
+	Labels         []string  `json:"labels"`
+	MaxLabels      int       `json:"max_labels"`
+	Slots          int       `json:"slots"`
+	Running        int       `json:"running"`
+	Busy           bool      `json:"busy"`
+	Accepting      bool      `json:"accepting"`
+	ConnectedSince time.Time `json:"connected_since"`
+	Agent          string    `json:"agent,omitempty"`
+}
+
+func (h *hub) workerDetails() []workerDetail {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]workerDetail, 0, len(h.workers))
+	for id, wc := range h.workers {
+		v, ok := h.sched.Worker(id)
+		if !ok {
+			continue
+		}
+		labels := v.Labels
+		if labels == nil {
+			labels = []string{}
+		}
+		out = append(out, workerDetail{ID: id, Labels: labels, MaxLabels: v.MaxLabels, Slots: v.Slots, Running: v.Running,
+			Busy: v.Running >= v.Slots, Accepting: v.Accepting, ConnectedSince: wc.connectedAt, Agent: wc.agent})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// labelHolders maps each held label to its workers, sorted.
+func (h *hub) labelHolders() map[string][]string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make(map[string][]string)
+	for id := range h.workers {
+		v, _ := h.sched.Worker(id)
+		for _, l := range v.Labels {
+			out[l] = append(out[l], id)
+		}
+	}
+	for _, ws := range out {
+		sort.Strings(ws)
+	}
+	return out
+}
+
+// beginShutdown refuses new tasks and workers and returns a channel closed once no
+// task is in flight.
+func (h *hub) beginShutdown() <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.closing = true
+	ch := make(chan struct{})
+	if len(h.active) == 0 {
+		close(ch)
+	} else {
+		h.idle = ch
+	}
+	return ch
+}
+
+// failAll answers every unfinished task; used when shutdown runs out of time.
+func (h *hub) failAll(reason string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, rec := range h.active {
+		h.sched.Cancel(&rec.sched)
+		h.finish(rec, statusFailed, http.StatusServiceUnavailable, reason)
+		n++
+	}
+	return n
+}
+
+// closeWorkers disconnects every worker with a reason and returns their connections.
+func (h *hub) closeWorkers(d *Disconnect) []*workerConn {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	conns := make([]*workerConn, 0, len(h.workers))
+	for _, wc := range h.workers {
+		conns = append(conns, wc)
+		wc.close(d)
+	}
+	return conns
+}
+
+var errNoUploader = errors.New("no uploader service is configured (start the dispatcher with --uploader-url)")

@@ -1,0 +1,55 @@
+package dispatcher
+
+import (
+	"encoding/json"
+	"testing"
+)
+
+func TestParseRunTaskParameters(t *testing.T) {
+	t.Parallel()
+	cases := map[string]string{
+		`{"task_type":"x","label":"m","parameters_json":"{\"data\": \"sample\"}"}`: `{"data": "sample"}`,
+		`{"task_type":"x","label":"m","parameters_json":{"a":[1,2]}}`:             `{"a":[1,2]}`,
+		`{"task_type":"x","label":"m","parameters_json":null}`:                    ``,
+		`{"task_type":"x","label":"m"}`:                                           ``,
+	}
+	for body, want := range cases {
+		spec, err := parseRunTask([]byte(body))
+		if err != nil || string(spec.params) != want || !spec.returnResult {
+			t.Errorf("%s: params %q err %v, want %q", body, spec.params, err, want)
+		}
+	}
+	spec, err := parseRunTask([]byte(`{"task_type":"x","label":"m","return_result":false,"timeout_ms":1500}`))
+	if err != nil || spec.returnResult || spec.timeout.Milliseconds() != 1500 {
+		t.Fatalf("options: %+v %v", spec, err)
+	}
+}
+
+// FuzzParseRunTask: no body may panic the parser, and an accepted body always yields
+// a task the rest of the dispatcher can trust.
+func FuzzParseRunTask(f *testing.F) {
+	for _, s := range []string{
+		`{"task_id":"t-1","task_type":"sample_task","label":"label-1","parameters_json":"{\"data\": \"sample\"}"}`,
+		`{"task_type":"infer","label":"m","parameters_json":{"inputs":[]},"return_result":false,"timeout_ms":10}`,
+		`{"label":""}`, `[]`, `null`, `{"task_type":"x","label":"m"} trailing`, `{"parameters_json":"\u0000"}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		spec, err := parseRunTask(body)
+		if err != nil {
+			return
+		}
+		if checkName("label", spec.label, maxLabelLength, true) != nil ||
+			checkName("task_type", spec.taskType, maxTypeLength, true) != nil ||
+			checkName("task_id", spec.id, maxIDLength, false) != nil {
+			t.Fatalf("accepted invalid names: %+v", spec)
+		}
+		if len(spec.params) > 0 && !json.Valid(spec.params) {
+			t.Fatalf("accepted parameters that are not JSON: %q", spec.params)
+		}
+		if spec.timeout < 0 {
+			t.Fatalf("negative timeout %v", spec.timeout)
+		}
+	})
+}

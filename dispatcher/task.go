@@ -1,0 +1,99 @@
+package dispatcher
+
+import (
+	"encoding/json"
+	"net/http"
+	"time"
+
+	"github.com/smartroute/smartroute/dispatcher/scheduler"
+)
+
+// Task states as GET /tasks/{id} reports them.
+const (
+	statusQueued    = "queued"
+	statusRunning   = "running"
+	statusCompleted = "completed"
+	statusFailed    = "failed"
+)
+
+// taskRecord is the dispatcher's record of one task. Every field after the first
+// block is guarded by hub.mu until done is closed; after that it never changes, so
+// anyone who has received from done may read it without the lock.
+type taskRecord struct {
+	sched        scheduler.Task
+	taskType     string
+	params       []byte
+	returnResult bool
+	created      time.Time
+
+	status     string
+	workerID   string
+	labelMiss  bool
+	queueTime  time.Duration
+	loadTime   time.Duration
+	runTime    time.Duration
+	result     json.RawMessage
+	errMsg     string
+	httpStatus int
+	done       chan struct{}
+}
+
+// finished reports whether the task has its final answer. Caller holds hub.mu or has
+// received from done.
+func (r *taskRecord) finished() bool { return r.status == statusCompleted || r.status == statusFailed }
+
+// taskView is the JSON shape of a task in /run-task answers and GET /tasks/{id}.
+type taskView struct {
+	TaskID    string          `json:"task_id"`
+	Status    string          `json:"status"`
+	Label     string          `json:"label"`
+	TaskType  string          `json:"task_type"`
+	WorkerID  string          `json:"worker_id,omitempty"`
+	LabelMiss bool            `json:"label_miss"`
+	Attempts  int             `json:"attempts"`
+	QueueMS   float64         `json:"queue_ms"`
+	LoadMS    float64         `json:"load_ms"`
+	RunMS     float64         `json:"run_ms"`
+	Result    json.RawMessage `json:"result,omitempty"`
+	Error     string          `json:"error,omitempty"`
+}
+
+// view snapshots the record. Caller holds hub.mu or has received from done.
+func (r *taskRecord) view() taskView {
+	return taskView{
+		TaskID:    r.sched.ID,
+		Status:    r.status,
+		Label:     r.sched.Label,
+		TaskType:  r.taskType,
+		WorkerID:  r.workerID,
+		LabelMiss: r.labelMiss,
+		Attempts:  r.sched.Attempt,
+		QueueMS:   ms(r.queueTime),
+		LoadMS:    ms(r.loadTime),
+		RunMS:     ms(r.runTime),
+		Result:    r.result,
+		Error:     r.errMsg,
+	}
+}
+
+// answerStatus is the HTTP status of a finished task's answer.
+func (r *taskRecord) answerStatus() int {
+	if r.httpStatus != 0 {
+		return r.httpStatus
+	}
+	return http.StatusOK
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// resultJSON makes a worker's result embeddable: JSON as is, anything else as a string.
+func resultJSON(b []byte) json.RawMessage {
+	if len(b) == 0 {
+		return nil
+	}
+	if json.Valid(b) {
+		return json.RawMessage(b)
+	}
+	s, _ := json.Marshal(string(b))
+	return s
+}

@@ -1,0 +1,246 @@
+package dispatcher
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/gorilla/websocket"
+	"github.com/labstack/echo/v4"
+	"github.com/rs/zerolog"
+
+	"github.com/smartroute/smartroute/proto/frame"
+	pb "github.com/smartroute/smartroute/proto/smartroutev1"
+)
+
+// Disconnect is why the dispatcher ended a worker connection. Its code is sent in the
+// WebSocket close frame; the agent decides from it whether to reconnect.
+type Disconnect struct {
+	Code   pb.CloseCode
+	Reason string
+}
+
+func (d *Disconnect) Error() string { return fmt.Sprintf("%s: %s", d.Code, d.Reason) }
+
+// workerConn is one worker's WebSocket. The reader goroutine (serveWorker) owns reads
+// and the writer goroutine owns writes; other goroutines talk to it only through
+// send and close, which never block.
+type workerConn struct {
+	id          string
+	agent       string
+	connectedAt time.Time
+	ws          *websocket.Conn
+	log         zerolog.Logger
+
+	// queue carries encoded frames to the writer. Writers: hub (under hub.mu) and
+	// serveWorker before registration. Reader: the writer goroutine.
+	queue chan []byte
+
+	closeOnce sync.Once
+	closing   chan struct{} // closed by close; the writer then sends the close frame
+	reason    *Disconnect   // set once, before closing is closed
+	written   chan struct{} // closed when the writer goroutine has ended
+}
+
+// send queues a frame without blocking. A worker whose queue is full is too slow to
+// keep up and is disconnected: the scheduler must never wait on a socket.
+func (wc *workerConn) send(b []byte) {
+	select {
+	case wc.queue <- b:
+	default:
+		wc.close(&Disconnect{Code: pb.CloseCode_CLOSE_CODE_SLOW_WORKER, Reason: fmt.Sprintf("send queue full (%d frames)", cap(wc.queue))})
+	}
+}
+
+// close ends the connection with a reason; only the first call counts.
+func (wc *workerConn) close(d *Disconnect) {
+	wc.closeOnce.Do(func() {
+		wc.reason = d
+		close(wc.closing)
+	})
+}
+
+var upgrader = websocket.Upgrader{
+	HandshakeTimeout: 10 * time.Second,
+	// Idle workers hold no write buffer: frames borrow one from the pool while being
+	// written, which keeps thousands of idle connections cheap.
+	WriteBufferPool: &sync.Pool{},
+	// Workers are programs, not browsers; credentials (not the origin) say who may
+	// connect.
+	CheckOrigin: func(*http.Request) bool { return true },
+}
+
+// serveWorker is the /worker-listen handler and the connection's reader.
+func (d *Dispatcher) serveWorker(c echo.Context) error {
+	id := c.Request().Header.Get("Worker-Id")
+	if id == "" {
+		return c.JSON(http.StatusBadRequest, errorBody{"the Worker-Id header is required"})
+	}
+	if err := checkName("Worker-Id", id, maxIDLength, true); err != nil {
+		return c.JSON(http.StatusBadRequest, errorBody{err.Error()})
+	}
+	ws, err := upgrader.Upgrade(c.Response(), c.Request(), nil)
+	if err != nil {
+		return nil // the upgrader has answered the client already
+	}
+	cfg := d.cfg
+	wc := &workerConn{
+		id:          id,
+		connectedAt: time.Now(),
+		ws:          ws,
+		log:         d.log.With().Str("worker_id", id).Logger(),
+		queue:       make(chan []byte, cfg.SendQueueFrames),
+		closing:     make(chan struct{}),
+		written:     make(chan struct{}),
+	}
+	ws.SetReadLimit(cfg.MaxFrameBytes)
+
+	hello, err := d.readHello(wc)
+	if err != nil {
+		var disc *Disconnect
+		if !errors.As(err, &disc) {
+			disc = &Disconnect{Code: pb.CloseCode_CLOSE_CODE_BAD_FRAME, Reason: err.Error()}
+		}
+		wc.log.Warn().Err(err).Msg("worker refused at hello")
+		writeClose(ws, disc, cfg.WriteTimeout)
+		ws.Close()
+		return nil
+	}
+	wc.agent = hello.GetAgent()
+
+	// The welcome is the first frame out, ahead of any assignment.
+	welcome, _ := frame.Encode(nil, &pb.Envelope{Body: &pb.Envelope_Welcome{Welcome: &pb.Welcome{
+		ProtocolVersion: frame.ProtocolVersion, DispatcherId: d.id}}})
+	wc.queue <- welcome
+	go wc.writeLoop(cfg)
+
+	if err := d.hub.addWorker(wc, hello); err != nil {
+		var disc *Disconnect
+		if !errors.As(err, &disc) {
+			disc = &Disconnect{Code: pb.CloseCode_CLOSE_CODE_BAD_FRAME, Reason: err.Error()}
+		}
+		wc.close(disc)
+		<-wc.written
+		return nil
+	}
+	wc.log.Info().Uint32("max_labels", hello.GetMaxLabels()).Uint32("slots", hello.GetSlots()).
+		Strs("labels", hello.GetHeldLabels()).Str("agent", wc.agent).Msg("worker connected")
+
+	reason := d.readLoop(wc)
+	d.hub.removeWorker(wc)
+	wc.close(reason)
+	<-wc.written
+	wc.log.Info().Str("reason", wc.reason.Reason).Str("code", wc.reason.Code.String()).Msg("worker disconnected")
+	return nil
+}
+
+func (d *Dispatcher) readHello(wc *workerConn) (*pb.Hello, error) {
+	ws := wc.ws
+	ws.SetReadDeadline(time.Now().Add(d.cfg.HelloTimeout))
+	kind, b, err := ws.ReadMessage()
+	if err != nil {
+		var ne interface{ Timeout() bool }
+		if errors.As(err, &ne) && ne.Timeout() {
+			return nil, &Disconnect{Code: pb.CloseCode_CLOSE_CODE_HELLO_TIMEOUT, Reason: "no hello within " + d.cfg.HelloTimeout.String()}
+		}
+		return nil, fmt.Errorf("read hello: %w", err)
+	}
+	if kind != websocket.BinaryMessage {
+		return nil, errors.New("frames must be binary protobuf envelopes")
+	}
+	env, err := frame.Decode(b, int(d.cfg.MaxFrameBytes))
+	if err != nil {
+		return nil, err
+	}
+	hello, err := frame.CheckHello(env, wc.id)
+	var verr *frame.VersionError
+	if errors.As(err, &verr) {
+		return nil, &Disconnect{Code: pb.CloseCode_CLOSE_CODE_PROTOCOL_VERSION, Reason: verr.Error()}
+	}
+	return hello, err
+}
+
+// readLoop reads frames until the connection ends and returns why it ended.
+func (d *Dispatcher) readLoop(wc *workerConn) *Disconnect {
+	ws := wc.ws
+	pongWait := d.cfg.PingInterval * 5 / 2
+	ws.SetReadDeadline(time.Now().Add(pongWait))
+	ws.SetPongHandler(func(string) error { return ws.SetReadDeadline(time.Now().Add(pongWait)) })
+	env := new(pb.Envelope)
+	for {
+		kind, b, err := ws.ReadMessage()
+		if err != nil {
+			if ce := (*websocket.CloseError)(nil); errors.As(err, &ce) {
+				return &Disconnect{Code: pb.CloseCode(ce.Code), Reason: "worker closed: " + ce.Text}
+			}
+			return &Disconnect{Code: pb.CloseCode_CLOSE_CODE_UNSPECIFIED, Reason: "read: " + err.Error()}
+		}
+		ws.SetReadDeadline(time.Now().Add(pongWait))
+		if kind != websocket.BinaryMessage {
+			return &Disconnect{Code: pb.CloseCode_CLOSE_CODE_BAD_FRAME, Reason: "frames must be binary protobuf envelopes"}
+		}
+		env.Reset()
+		if err := frame.DecodeInto(b, int(d.cfg.MaxFrameBytes), env); err != nil {
+			return &Disconnect{Code: pb.CloseCode_CLOSE_CODE_BAD_FRAME, Reason: err.Error()}
+		}
+		switch body := env.Body.(type) {
+		case *pb.Envelope_Result:
+			d.hub.onResult(wc, body.Result)
+		case *pb.Envelope_LabelEvent:
+			d.hub.onLabelEvent(wc, body.LabelEvent)
+		case *pb.Envelope_Status:
+			d.hub.onStatus(wc, body.Status)
+		default:
+			return &Disconnect{Code: pb.CloseCode_CLOSE_CODE_BAD_FRAME, Reason: fmt.Sprintf("unexpected %T from a worker", body)}
+		}
+		select {
+		case <-wc.closing:
+			return wc.reason
+		default:
+		}
+	}
+}
+
+// writeLoop is the connection's only writer: frames, pings, then the close frame.
+func (wc *workerConn) writeLoop(cfg Config) {
+	defer close(wc.written)
+	ws := wc.ws
+	ping := time.NewTicker(cfg.PingInterval)
+	defer ping.Stop()
+	for {
+		select {
+		case b := <-wc.queue:
+			ws.SetWriteDeadline(time.Now().Add(cfg.WriteTimeout))
+			if err := ws.WriteMessage(websocket.BinaryMessage, b); err != nil {
+				wc.close(&Disconnect{Code: pb.CloseCode_CLOSE_CODE_UNSPECIFIED, Reason: "write: " + err.Error()})
+				ws.Close()
+				return
+			}
+		case <-ping.C:
+			if err := ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(cfg.WriteTimeout)); err != nil {
+				wc.close(&Disconnect{Code: pb.CloseCode_CLOSE_CODE_UNSPECIFIED, Reason: "ping: " + err.Error()})
+				ws.Close()
+				return
+			}
+		case <-wc.closing:
+			writeClose(ws, wc.reason, cfg.WriteTimeout)
+			// Closing the socket also ends the reader's ReadMessage.
+			ws.Close()
+			return
+		}
+	}
+}
+
+func writeClose(ws *websocket.Conn, d *Disconnect, timeout time.Duration) {
+	code := int(d.Code)
+	if code < 1000 {
+		code = websocket.CloseNormalClosure
+	}
+	reason := d.Reason
+	if len(reason) > 120 { // a close frame's payload is at most 125 bytes
+		reason = reason[:120]
+	}
+	_ = ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, reason), time.Now().Add(timeout))
+}
