@@ -1,0 +1,271 @@
+// Package e2e runs the real dispatcher and worker-agent binaries as processes on
+// loopback and checks what a producer sees. Nothing here is faked: real processes,
+// real WebSockets, real signals (SIGTERM, SIGKILL).
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var (
+	buildOnce sync.Once
+	binDir    string
+	buildErr  error
+)
+
+// binaries builds the dispatcher and the agent once per test run.
+func binaries(t *testing.T) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("end-to-end tests build and start real processes; skipped with -short")
+	}
+	buildOnce.Do(func() {
+		binDir, buildErr = os.MkdirTemp("", "smartroute-e2e-")
+		if buildErr != nil {
+			return
+		}
+		cmd := exec.Command("go", "build", "-o", binDir+"/", "./dispatcher/cmd/dispatcher", "./worker-agent/cmd/worker-agent")
+		cmd.Dir = ".."
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binDir
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+// proc is a started binary whose output goes to a file in the test's temp dir.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+	log  string
+}
+
+func start(t *testing.T, name string, args ...string) *proc {
+	t.Helper()
+	logPath := filepath.Join(t.TempDir(), name+".log")
+	f, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(binaries(t), strings.SplitN(name, "#", 2)[0]), args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{name: name, cmd: cmd, done: make(chan struct{}), log: logPath}
+	go func() { p.err = cmd.Wait(); f.Close(); close(p.done) }()
+	t.Cleanup(func() {
+		p.cmd.Process.Kill()
+		<-p.done
+		if t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			t.Logf("--- %s output:\n%s", name, tail(string(b), 4000))
+		}
+	})
+	return p
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return "…" + s[len(s)-n:]
+	}
+	return s
+}
+
+func (p *proc) signal(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		t.Fatalf("signal %s: %v", p.name, err)
+	}
+}
+
+func (p *proc) wait(t *testing.T, within time.Duration) error {
+	t.Helper()
+	select {
+	case <-p.done:
+		return p.err
+	case <-time.After(within):
+		t.Fatalf("%s did not exit within %v", p.name, within)
+		return nil
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// stack is a dispatcher and its agents.
+type stack struct {
+	t      *testing.T
+	addr   string
+	disp   *proc
+	agents map[string]*proc
+}
+
+type stackOpts struct {
+	workers        int
+	random         bool
+	loadTime       time.Duration
+	runTime        time.Duration
+	dispatcherArgs []string
+}
+
+func startStack(t *testing.T, o stackOpts) *stack {
+	t.Helper()
+	s := &stack{t: t, addr: freeAddr(t), agents: map[string]*proc{}}
+	s.startDispatcher(o)
+	for i := 1; i <= o.workers; i++ {
+		s.startAgent(fmt.Sprintf("agent-%d", i), o)
+	}
+	s.waitWorkers(o.workers)
+	return s
+}
+
+func (s *stack) startDispatcher(o stackOpts) {
+	args := append([]string{"--addr", s.addr, "--log-level", "debug", "--shutdown-timeout", "10s"}, o.dispatcherArgs...)
+	if o.random {
+		args = append(args, "--random-dispatch")
+	}
+	s.disp = start(s.t, "dispatcher", args...)
+	s.eventually("dispatcher healthy", func() bool {
+		resp, err := http.Get("http://" + s.addr + "/health")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	})
+}
+
+func (s *stack) startAgent(id string, o stackOpts) {
+	s.agents[id] = start(s.t, "worker-agent#"+id,
+		"--dispatcher-url", "ws://"+s.addr+"/worker-listen", "--worker-id", id,
+		"--max-labels", "2", "--sim-load-time", o.loadTime.String(), "--sim-run-time", o.runTime.String())
+}
+
+// eventually polls an observable condition; the poll interval is not a synchronisation
+// assumption, only how often we look.
+func (s *stack) eventually(what string, cond func() bool) {
+	s.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			s.t.Fatalf("timed out waiting for: %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (s *stack) workers() []string {
+	var out struct{ Workers []string }
+	if code := s.getJSON("/workers", &out); code != 200 {
+		return nil
+	}
+	return out.Workers
+}
+
+func (s *stack) waitWorkers(n int) {
+	s.t.Helper()
+	s.eventually(fmt.Sprintf("%d workers connected", n), func() bool { return len(s.workers()) == n })
+}
+
+func (s *stack) getJSON(path string, v any) int {
+	resp, err := http.Get("http://" + s.addr + path)
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	_ = json.NewDecoder(resp.Body).Decode(v)
+	return resp.StatusCode
+}
+
+type taskAnswer struct {
+	TaskID    string          `json:"task_id"`
+	Status    string          `json:"status"`
+	WorkerID  string          `json:"worker_id"`
+	LabelMiss bool            `json:"label_miss"`
+	Attempts  int             `json:"attempts"`
+	Result    json.RawMessage `json:"result"`
+	Error     string          `json:"error"`
+}
+
+func (s *stack) run(body string) (int, taskAnswer) {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+s.addr+"/run-task", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		s.t.Fatalf("POST /run-task: %v", err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	var a taskAnswer
+	if err := json.Unmarshal(raw, &a); err != nil {
+		s.t.Fatalf("answer is not JSON: %q", raw)
+	}
+	return resp.StatusCode, a
+}
+
+func task(id, label string, extra string) string {
+	b := fmt.Sprintf(`{"task_id":%q,"task_type":"sample_task","label":%q,"parameters_json":"{\"data\": \"sample\"}"`, id, label)
+	if extra != "" {
+		b += "," + extra
+	}
+	return b + "}"
+}
+
+// grepLog counts the JSON log lines of a process that carry all the given fragments.
+func grepLog(t *testing.T, p *proc, fragments ...string) int {
+	t.Helper()
+	b, err := os.ReadFile(p.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, line := range bytes.Split(b, []byte("\n")) {
+		ok := len(line) > 0
+		for _, f := range fragments {
+			ok = ok && bytes.Contains(line, []byte(f))
+		}
+		if ok {
+			n++
+		}
+	}
+	return n
+}
