@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Dispatcher throughput against the relay ceiling (../shared/tools/relay-limit), measured
+# in one run with the same wrk and post.lua, alternating ROUNDS times so that noise on a
+# shared machine hits both alike. Agents use the simulated backend with zero load and
+# run time and log only warnings, like the relay's in-process workers.
+#   benchmark/scripts/throughput.sh [ROUNDS] [DURATION] [CONNECTIONS]
+# Needs wrk (apt-get install wrk).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROUNDS=${1:-3}; DURATION=${2:-10s}; CONNS=${3:-64}; WORKERS=${WORKERS:-8}
+RELAY_DIR=${RELAY_DIR:-../shared/tools/relay-limit}
+command -v wrk >/dev/null || { echo "wrk not found: apt-get install wrk" >&2; exit 1; }
+[ -d "$RELAY_DIR" ] || { echo "relay-limit not found at $RELAY_DIR (set RELAY_DIR)" >&2; exit 1; }
+BIN=$(mktemp -d); trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null; rm -rf "$BIN"' EXIT
+go build -o "$BIN/" ./dispatcher/cmd/dispatcher ./worker-agent/cmd/worker-agent
+(cd "$RELAY_DIR" && GOWORK=off go build -o "$BIN/relay-limit" .)
+LUA="$RELAY_DIR/post.lua"
+
+"$BIN/dispatcher" --addr 127.0.0.1:18080 --log-level warn >"$BIN/dispatcher.log" 2>&1 &
+for i in $(seq 1 "$WORKERS"); do
+  "$BIN/worker-agent" --dispatcher-url ws://127.0.0.1:18080/worker-listen --worker-id tp-$i \
+    --max-labels 5 --sim-load-time 0 --sim-run-time 0 --log-level warn >"$BIN/agent-$i.log" 2>&1 &
+done
+"$BIN/relay-limit" -addr 127.0.0.1:18099 -workers "$WORKERS" >"$BIN/relay.log" 2>&1 &
+# Readiness: our /workers lists every agent, and the relay says its workers are in.
+# (Never probe the relay with a request before that: a request that finds no relay
+# worker panics while holding the relay's lock and deadlocks it.)
+for _ in $(seq 1 300); do
+  n=$(curl -sf http://127.0.0.1:18080/workers | grep -o tp- | wc -l || true)
+  [ "$n" = "$WORKERS" ] && grep -q "workers connected" "$BIN/relay.log" && break
+  sleep 0.1
+done
+if [ "$n" != "$WORKERS" ] || ! grep -q "workers connected" "$BIN/relay.log"; then
+  echo "not ready: $n/$WORKERS agents on the dispatcher; relay log:" >&2; cat "$BIN/relay.log" "$BIN/dispatcher.log" >&2; exit 1
+fi
+
+rate() { wrk -t2 -c"$CONNS" -d"$DURATION" --latency -s "$LUA" "$1" | tee -a "$BIN/wrk.txt" |
+  awk '/Requests\/sec/{r=$2} /^ +50%/{p50=$2} /^ +99%/{p99=$2} /Non-2xx/{bad=$4} END{printf "%s %s %s %s\n", r, p50, p99, bad+0}'; }
+# Warm both up so that the first round is not paying for page faults and JIT-free cold caches.
+wrk -t2 -c"$CONNS" -d2s -s "$LUA" http://127.0.0.1:18080/run-task >/dev/null
+wrk -t2 -c"$CONNS" -d2s -s "$LUA" http://127.0.0.1:18099/run-task >/dev/null
+printf '%-6s %-12s %-10s %-10s %-8s %-12s %-10s %-10s %s\n' round ours_rps ours_p50 ours_p99 ours_err relay_rps relay_p50 relay_p99 ratio
+sum_ratio=0
+for r in $(seq 1 "$ROUNDS"); do
+  read -r o50 o_p50 o_p99 o_err < <(rate http://127.0.0.1:18080/run-task)
+  read -r r50 r_p50 r_p99 r_err < <(rate http://127.0.0.1:18099/run-task)
+  ratio=$(awk -v a="$o50" -v b="$r50" 'BEGIN{printf "%.3f", a/b}')
+  sum_ratio=$(awk -v s="$sum_ratio" -v x="$ratio" 'BEGIN{print s+x}')
+  printf '%-6s %-12s %-10s %-10s %-8s %-12s %-10s %-10s %s\n' "$r" "$o50" "$o_p50" "$o_p99" "$o_err" "$r50" "$r_p50" "$r_p99" "$ratio"
+done
+awk -v s="$sum_ratio" -v n="$ROUNDS" 'BEGIN{printf "mean ratio ours/relay: %.3f over %d rounds\n", s/n, n}'

@@ -1,0 +1,516 @@
+// Package agent is the smartroute worker agent: it dials the dispatcher's worker
+// WebSocket, says hello, runs the task assignments it receives on a backend, keeps the
+// backend's labels within capacity, and reports results and label events back. It
+// reconnects on its own, gives up on close codes that say retrying is pointless, and
+// drains on shutdown.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+	"github.com/gorilla/websocket"
+	"github.com/rs/zerolog"
+
+	"github.com/smartroute/smartroute/proto/frame"
+	pb "github.com/smartroute/smartroute/proto/smartroutev1"
+	"github.com/smartroute/smartroute/worker-agent/backend"
+	"github.com/smartroute/smartroute/worker-agent/backend/sim"
+)
+
+// Version is reported in the hello's agent string. Set it at build time with
+// -ldflags "-X github.com/smartroute/smartroute/worker-agent/agent.Version=v1.2.3".
+var Version = "dev"
+
+// cancelGrace bounds the wait for tasks to stop once they have been cancelled.
+const cancelGrace = 5 * time.Second
+
+// errShutdown cancels work the agent abandons (drain timeout, lost connection, giving
+// up). Tasks cancelled with it send no result: the dispatcher re-queues them itself.
+var errShutdown = errors.New("worker shutting down")
+
+// Run connects to the dispatcher and serves task assignments until ctx is cancelled or
+// the dispatcher sends Drain; then it drains (stops taking tasks, waits up to
+// DrainTimeout for those in flight, sends their results, closes the connection
+// normally) and returns nil. It returns an error when the config is invalid, the
+// backend cannot be set up, or the dispatcher ends the connection with a close code
+// that means giving up (see CloseError and DialError).
+func Run(ctx context.Context, cfg Config) error {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return fmt.Errorf("invalid config: %w", err)
+	}
+	a, err := newAgent(cfg)
+	if err != nil {
+		return err
+	}
+	return a.run(ctx)
+}
+
+// agent is one Run. Lock order: mu may be taken while labels.mu is held, never the
+// other way round.
+type agent struct {
+	cfg         Config
+	base        zerolog.Logger // with worker_id, for child loggers
+	log         zerolog.Logger // component=agent
+	taskLog     zerolog.Logger // component=task
+	backend     backend.Backend
+	dialer      *websocket.Dialer
+	agentString string
+
+	// Set up by start, read-only afterwards.
+	labels   *labelManager
+	loadable []string // sent in every hello
+
+	// workCtx carries tasks, loads and the health poller; it outlives ctx so that a
+	// drain can let tasks finish, and is cancelled with errShutdown when Run ends.
+	workCtx  context.Context
+	stopWork context.CancelCauseFunc
+	bg       sync.WaitGroup // the health poller
+
+	// cur is the live session, where label events and statuses go. It is stored with
+	// labels.mu and mu held (so a hello and the events after it are ordered), and
+	// cleared when the session ends.
+	cur      atomic.Pointer[session]
+	sessions uint64 // sessions dialled; only the Run goroutine touches it
+
+	// drainCh is closed, once, by the beginDrain call that set draining.
+	drainCh chan struct{}
+
+	mu                sync.Mutex
+	draining          bool
+	available         bool   // the backend's last Health answer
+	unavailableReason string // why not, when !available
+	tasks             map[taskKey]*runningTask
+	idle              chan struct{} // closed when tasks empties; a fresh one when it fills
+}
+
+func newAgent(cfg Config) (*agent, error) {
+	lvl, err := zerolog.ParseLevel(cfg.LogLevel)
+	if err != nil {
+		return nil, err
+	}
+	base := zerolog.New(cfg.LogOutput).Level(lvl).With().Timestamp().Str("worker_id", cfg.WorkerID).Logger()
+	b := cfg.Backend
+	if b == nil {
+		switch cfg.BackendName {
+		case sim.Name:
+			if b, err = sim.New(cfg.Sim); err != nil {
+				return nil, fmt.Errorf("backend %s: %w", cfg.BackendName, err)
+			}
+		default:
+			return nil, fmt.Errorf("unknown backend %q", cfg.BackendName)
+		}
+	}
+	workCtx, stopWork := context.WithCancelCause(context.Background())
+	closed := make(chan struct{})
+	close(closed)
+	return &agent{
+		cfg:         cfg,
+		base:        base,
+		log:         base.With().Str("component", "agent").Logger(),
+		taskLog:     base.With().Str("component", "task").Logger(),
+		backend:     b,
+		dialer:      &websocket.Dialer{HandshakeTimeout: cfg.HandshakeTimeout, Proxy: http.ProxyFromEnvironment},
+		agentString: fmt.Sprintf("worker-agent %s backend=%s", Version, b.Name()),
+		workCtx:     workCtx,
+		stopWork:    stopWork,
+		drainCh:     make(chan struct{}),
+		tasks:       make(map[taskKey]*runningTask),
+		idle:        closed,
+		available:   true, // until Health says otherwise
+	}, nil
+}
+
+func (a *agent) run(ctx context.Context) error {
+	defer a.stopBackground()
+	a.log.Info().Str("dispatcher_url", a.cfg.DispatcherURL).Int("max_labels", a.cfg.MaxLabels).
+		Int("slots", a.cfg.Slots).Str("agent", a.agentString).Msg("worker agent starting")
+	if err := a.start(ctx); err != nil {
+		return err
+	}
+	err := a.serve(ctx)
+	if err != nil {
+		a.log.Error().Err(err).Msg("worker agent giving up")
+		return err
+	}
+	a.log.Info().Msg("worker agent stopped")
+	return nil
+}
+
+// start learns the backend's labels and health and starts the health poller.
+func (a *agent) start(ctx context.Context) error {
+	ictx, cancel := context.WithTimeout(ctx, a.cfg.HandshakeTimeout)
+	inv, err := a.backend.Inventory(ictx)
+	cancel()
+	if err != nil {
+		// A backend that is not up yet (Triton starting) reports later through Health.
+		a.log.Warn().Err(err).Msg("backend inventory failed; assuming no label is loaded")
+		inv = backend.Inventory{}
+	}
+	a.loadable = intersectLabels(a.cfg.Labels, inv.Loadable)
+	if len(a.loadable) == 0 && (len(a.cfg.Labels) > 0 || len(inv.Loadable) > 0) {
+		return fmt.Errorf("none of Labels %q can be loaded by backend %s (it can load %q)", a.cfg.Labels, a.backend.Name(), inv.Loadable)
+	}
+	emit := func(ev *pb.LabelEvent) {
+		a.cur.Load().send(&pb.Envelope{Body: &pb.Envelope_LabelEvent{LabelEvent: ev}})
+	}
+	labelLog := a.base.With().Str("component", "labels").Logger()
+	a.labels = newLabelManager(a.workCtx, a.backend, a.cfg.MaxLabels, a.loadable, labelLog, emit)
+	if h := a.cfg.hooks; h != nil {
+		a.labels.onJoin, a.labels.onWait = h.labelJoin, h.labelWait
+	}
+	if err := a.labels.adopt(ctx, inv.Loaded); err != nil {
+		return fmt.Errorf("backend %s: %w", a.backend.Name(), err)
+	}
+	a.checkHealth()
+	a.bg.Add(1)
+	go a.pollHealth()
+	return nil
+}
+
+// intersectLabels combines the configured labels with the backend's; empty means any.
+func intersectLabels(configured, backendLabels []string) []string {
+	if len(configured) == 0 {
+		return backendLabels
+	}
+	if len(backendLabels) == 0 {
+		return configured
+	}
+	can := make(map[string]bool, len(backendLabels))
+	for _, l := range backendLabels {
+		can[l] = true
+	}
+	var out []string
+	for _, l := range configured {
+		if can[l] {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// stopBackground cancels the remaining work and waits for loads and the poller.
+func (a *agent) stopBackground() {
+	a.stopWork(errShutdown)
+	if a.labels != nil {
+		a.labels.wait()
+	}
+	a.bg.Wait()
+}
+
+// serve keeps a session up until shutdown or a reason to give up.
+func (a *agent) serve(ctx context.Context) error {
+	bo := &backoff.ExponentialBackOff{
+		InitialInterval:     a.cfg.ReconnectMin,
+		RandomizationFactor: 0.5,
+		Multiplier:          2,
+		MaxInterval:         a.cfg.ReconnectMax,
+	}
+	bo.Reset()
+	for {
+		if ctx.Err() != nil || a.isDraining() {
+			a.finishOffline()
+			return nil
+		}
+		s, err := a.connect(ctx)
+		var lived time.Duration
+		if err == nil {
+			connected := time.Now()
+			select {
+			case <-s.done:
+				s.wg.Wait()
+				a.cur.CompareAndSwap(s, nil)
+				err, lived = s.err, time.Since(connected)
+				a.log.Info().Err(err).Uint64("conn", s.id).Float64("lived_ms", millis(lived)).Msg("disconnected")
+			case <-ctx.Done():
+				a.drain(s, "shutdown signal")
+				return nil
+			case <-a.drainCh:
+				a.drain(s, "")
+				return nil
+			}
+		}
+		if ctx.Err() != nil || a.isDraining() {
+			continue
+		}
+		switch reconnectPolicy(err) {
+		case giveUp:
+			a.finishOffline()
+			return fmt.Errorf("worker %s stops: %w", a.cfg.WorkerID, err)
+		case reconnectNow:
+			a.log.Info().Err(err).Msg("reconnecting at once")
+			continue
+		}
+		if lived >= a.cfg.BackoffResetAfter {
+			bo.Reset()
+		}
+		wait := bo.NextBackOff()
+		a.log.Info().Err(err).Float64("retry_in_ms", millis(wait)).Msg("reconnecting after backoff")
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		case <-a.drainCh:
+		}
+		t.Stop()
+	}
+}
+
+// connect dials, says hello and waits for the Welcome. On success the session's
+// reader and writer are running.
+func (a *agent) connect(ctx context.Context) (*session, error) {
+	header := http.Header{"Worker-Id": []string{a.cfg.WorkerID}}
+	conn, resp, err := a.dialer.DialContext(ctx, a.cfg.DispatcherURL, header)
+	if err != nil {
+		return nil, dialError(resp, err)
+	}
+	a.sessions++
+	s := newSession(a.sessions, conn, &a.cfg, a.log)
+	// Shutdown during the handshake closes the connection, which ends any read or write.
+	stop := context.AfterFunc(ctx, func() { s.end(ctx.Err()) })
+	defer stop()
+	fail := func(err error) (*session, error) {
+		a.cur.CompareAndSwap(s, nil)
+		s.end(err)
+		return nil, err
+	}
+
+	var hello *pb.Envelope
+	a.labels.snapshot(func(held []string) {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		hello = &pb.Envelope{Body: &pb.Envelope_Hello{Hello: &pb.Hello{
+			ProtocolVersion: frame.ProtocolVersion,
+			WorkerId:        a.cfg.WorkerID,
+			MaxLabels:       uint32(a.cfg.MaxLabels),
+			Slots:           uint32(a.cfg.Slots),
+			HeldLabels:      held,
+			LoadableLabels:  a.loadable,
+			Agent:           a.agentString,
+			Unavailable:     !a.available,
+		}}}
+		// From here on label events and statuses queue on s, behind the hello.
+		a.cur.Store(s)
+	})
+	if _, err := s.write(hello, nil); err != nil {
+		return fail(fmt.Errorf("send hello: %w", err))
+	}
+	welcome, err := a.awaitWelcome(s)
+	if err != nil {
+		return fail(err)
+	}
+	if !stop() {
+		return fail(ctx.Err())
+	}
+	a.log.Info().Uint64("conn", s.id).Str("dispatcher_id", welcome.GetDispatcherId()).
+		Strs("held_labels", hello.GetHello().GetHeldLabels()).Bool("unavailable", hello.GetHello().GetUnavailable()).
+		Msg("connected")
+	s.wg.Add(2)
+	go s.writeLoop()
+	go a.readLoop(s)
+	return s, nil
+}
+
+// awaitWelcome reads the dispatcher's answer to the hello.
+func (a *agent) awaitWelcome(s *session) (*pb.Welcome, error) {
+	for {
+		env, err := s.readFrame(a.cfg.MaxFrameSize, a.cfg.HandshakeTimeout)
+		var pe *protocolError
+		switch {
+		case errors.As(err, &pe):
+			s.closeWith(int(pb.CloseCode_CLOSE_CODE_BAD_FRAME), pe.msg, err)
+			return nil, err
+		case isTimeout(err):
+			return nil, fmt.Errorf("no welcome within %s: %w", a.cfg.HandshakeTimeout, err)
+		case err != nil:
+			return nil, err
+		case env == nil:
+			continue
+		}
+		w := env.GetWelcome()
+		if w == nil {
+			err := &protocolError{msg: fmt.Sprintf("expected a welcome, got %T", env.GetBody())}
+			s.closeWith(int(pb.CloseCode_CLOSE_CODE_BAD_FRAME), err.msg, err)
+			return nil, err
+		}
+		if v := w.GetProtocolVersion(); v != pb.ProtocolVersion_PROTOCOL_VERSION_UNSPECIFIED && v != frame.ProtocolVersion {
+			return nil, &fatalError{fmt.Errorf("dispatcher welcomed protocol version %d, this worker speaks %d", v, frame.ProtocolVersion)}
+		}
+		return w, nil
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne interface{ Timeout() bool }
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+func dialError(resp *http.Response, err error) error {
+	de := &DialError{Err: err}
+	if resp != nil {
+		de.StatusCode = resp.StatusCode
+		if resp.Body != nil {
+			b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+			_ = resp.Body.Close()
+			de.Body = strings.TrimSpace(string(b))
+		}
+	}
+	return de
+}
+
+// readLoop is the session's only reader. It never blocks on anything but the socket.
+func (a *agent) readLoop(s *session) {
+	defer s.wg.Done()
+	for {
+		env, err := s.readFrame(a.cfg.MaxFrameSize, a.cfg.ReadTimeout)
+		var pe *protocolError
+		switch {
+		case errors.As(err, &pe):
+			s.log.Warn().Err(err).Msg("bad frame from the dispatcher, closing the connection")
+			s.closeWith(int(pb.CloseCode_CLOSE_CODE_BAD_FRAME), pe.msg, err)
+			return
+		case err != nil:
+			s.end(err)
+			return
+		case env == nil:
+			continue
+		}
+		switch body := env.GetBody().(type) {
+		case *pb.Envelope_Assignment:
+			a.assign(s, body.Assignment)
+		case *pb.Envelope_Cancel:
+			a.cancel(body.Cancel)
+		case *pb.Envelope_Drain:
+			a.beginDrain("dispatcher asked: " + body.Drain.GetReason())
+		case *pb.Envelope_Welcome:
+			s.log.Debug().Msg("ignoring a second welcome")
+		default:
+			err := &protocolError{msg: fmt.Sprintf("unexpected %T from the dispatcher", body)}
+			s.log.Warn().Err(err).Msg("bad frame from the dispatcher, closing the connection")
+			s.closeWith(int(pb.CloseCode_CLOSE_CODE_BAD_FRAME), err.msg, err)
+			return
+		}
+	}
+}
+
+func (a *agent) isDraining() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.draining
+}
+
+// beginDrain stops taking tasks and tells the dispatcher so. Idempotent.
+func (a *agent) beginDrain(reason string) {
+	a.mu.Lock()
+	if a.draining {
+		a.mu.Unlock()
+		return
+	}
+	a.draining = true
+	s, inFlight := a.cur.Load(), len(a.tasks)
+	a.mu.Unlock()
+	a.log.Info().Str("reason", reason).Int("in_flight", inFlight).Msg("draining: taking no new tasks")
+	// Queue the status before waking Run, whose drain ends with flushing the queue.
+	s.send(statusFrame(false, "draining"))
+	close(a.drainCh)
+}
+
+// drain finishes the in-flight tasks on s, flushes their results and closes s normally.
+func (a *agent) drain(s *session, reason string) {
+	a.beginDrain(reason)
+	if !a.waitIdle(a.cfg.DrainTimeout, s.done) {
+		n := a.cancelTasks(errShutdown)
+		a.log.Warn().Int("cancelled", n).Bool("connection_lost", s.ended()).
+			Msg("drain: cancelling the tasks still running; the dispatcher re-queues them")
+		a.waitIdle(cancelGrace, nil)
+	}
+	s.closeNormally()
+	a.cur.CompareAndSwap(s, nil)
+	a.log.Info().Msg("drained")
+}
+
+// finishOffline stops the tasks of a connection that is gone: nobody can receive their
+// results, so they are cancelled rather than waited for.
+func (a *agent) finishOffline() {
+	a.beginDrain("no connection")
+	if n := a.cancelTasks(errShutdown); n > 0 {
+		a.log.Info().Int("cancelled", n).Msg("cancelling tasks whose connection is gone")
+	}
+	a.waitIdle(cancelGrace, nil)
+}
+
+// waitIdle waits until no task runs, up to timeout or until abort closes. It reports
+// whether no task runs.
+func (a *agent) waitIdle(timeout time.Duration, abort <-chan struct{}) bool {
+	a.mu.Lock()
+	idle := a.idle
+	a.mu.Unlock()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-idle:
+		return true
+	case <-t.C:
+	case <-abort:
+	}
+	select {
+	case <-idle:
+		return true
+	default:
+		return false
+	}
+}
+
+// pollHealth asks the backend for its health every HealthInterval.
+func (a *agent) pollHealth() {
+	defer a.bg.Done()
+	t := time.NewTicker(a.cfg.HealthInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-a.workCtx.Done():
+			return
+		case <-t.C:
+			a.checkHealth()
+		}
+	}
+}
+
+// checkHealth records the backend's availability and reports a change to the dispatcher.
+func (a *agent) checkHealth() {
+	ctx, cancel := context.WithTimeout(a.workCtx, a.cfg.HealthInterval)
+	err := a.backend.Health(ctx)
+	cancel()
+	if a.workCtx.Err() != nil {
+		return
+	}
+	available, reason := err == nil, "backend available"
+	if err != nil {
+		reason = "backend unavailable: " + err.Error()
+	}
+	a.mu.Lock()
+	changed := available != a.available
+	a.available, a.unavailableReason = available, reason
+	s, draining := a.cur.Load(), a.draining
+	a.mu.Unlock()
+	if !changed {
+		return
+	}
+	a.log.Info().Bool("available", available).Str("reason", reason).Msg("backend availability changed")
+	if !draining {
+		s.send(statusFrame(available, reason))
+	}
+}
+
+func statusFrame(accepting bool, reason string) *pb.Envelope {
+	return &pb.Envelope{Body: &pb.Envelope_Status{Status: &pb.WorkerStatus{Accepting: accepting, Reason: reason}}}
+}

@@ -1,0 +1,232 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/smartroute/smartroute/proto/frame"
+	"github.com/smartroute/smartroute/worker-agent/backend"
+	"github.com/smartroute/smartroute/worker-agent/backend/sim"
+)
+
+// Defaults filled in by WithDefaults.
+const (
+	DefaultDispatcherURL     = "ws://127.0.0.1:8080/worker-listen"
+	DefaultMaxLabels         = 2
+	DefaultSlots             = 1
+	DefaultBackendName       = sim.Name
+	DefaultLogLevel          = "info"
+	DefaultDrainTimeout      = 30 * time.Second
+	DefaultHandshakeTimeout  = 10 * time.Second
+	DefaultWriteTimeout      = 10 * time.Second
+	DefaultReadTimeout       = 60 * time.Second
+	DefaultPingInterval      = 20 * time.Second
+	DefaultReconnectMin      = 100 * time.Millisecond
+	DefaultReconnectMax      = 5 * time.Second
+	DefaultBackoffResetAfter = 10 * time.Second
+	DefaultHealthInterval    = 5 * time.Second
+	DefaultSendQueueSize     = 256
+)
+
+// Config configures Run. Each field's comment says what its zero value means; call
+// WithDefaults to fill them in (Run does).
+type Config struct {
+	// DispatcherURL is the dispatcher's worker WebSocket (ws:// or wss://). Empty means
+	// DefaultDispatcherURL.
+	DispatcherURL string
+	// WorkerID names this worker, in the Worker-Id header and the hello. Empty means the
+	// host name plus a short random suffix ("host-3f9a1c").
+	WorkerID string
+	// MaxLabels is how many labels the worker holds at once. Zero means 2.
+	MaxLabels int
+	// Slots is how many tasks the worker runs at once. Zero means 1.
+	Slots int
+	// Labels restricts the labels this worker will load; empty means any label the
+	// backend can load. Sent in the hello as loadable_labels (intersected with what the
+	// backend reports).
+	Labels []string
+
+	// BackendName picks the backend: "sim" is the only one so far. Empty means "sim".
+	// Ignored when Backend is set.
+	BackendName string
+	// Backend, when set, is used instead of building one from BackendName (tests, or a
+	// program embedding the agent).
+	Backend backend.Backend
+	// Sim configures the simulated backend. Its zero value is instant loads and runs;
+	// Sim.WorkerID is filled in from WorkerID when empty.
+	Sim sim.Config
+
+	// LogLevel is a zerolog level name (debug, info, warn, error). Empty means info.
+	LogLevel string
+	// LogOutput receives the JSON log lines. Nil means standard output.
+	LogOutput io.Writer
+
+	// DrainTimeout bounds how long a drain waits for in-flight tasks before it cancels
+	// them and leaves their re-queueing to the dispatcher. Zero means 30s.
+	DrainTimeout time.Duration
+	// HandshakeTimeout bounds the WebSocket upgrade and, separately, the wait for the
+	// dispatcher's Welcome after the hello. Zero means 10s.
+	HandshakeTimeout time.Duration
+	// WriteTimeout is the deadline of every frame write. Zero means 10s.
+	WriteTimeout time.Duration
+	// ReadTimeout is how long the connection may stay silent (no frame, ping or pong)
+	// before it counts as dead. Zero means 60s.
+	ReadTimeout time.Duration
+	// PingInterval is how often the agent pings the dispatcher, so that the dispatcher's
+	// pongs keep the read deadline alive even if it never pings. Zero means 20s; it
+	// must be below ReadTimeout.
+	PingInterval time.Duration
+	// ReconnectMin is the first wait before reconnecting; waits then double, with ±50%
+	// jitter, up to ReconnectMax. Zero means 100ms.
+	ReconnectMin time.Duration
+	// ReconnectMax caps the reconnect wait before jitter. Zero means 5s.
+	ReconnectMax time.Duration
+	// BackoffResetAfter: a connection that lived this long resets the reconnect wait to
+	// ReconnectMin. Zero means 10s.
+	BackoffResetAfter time.Duration
+	// HealthInterval is how often the backend's Health is polled. Zero means 5s.
+	HealthInterval time.Duration
+	// SendQueueSize bounds the frames waiting for the writer; a connection whose queue
+	// fills up is dropped (the dispatcher re-queues its tasks). Zero means 256.
+	SendQueueSize int
+	// MaxFrameSize bounds a frame read from the dispatcher and a result sent to it.
+	// Zero means frame.DefaultMaxSize (16 MiB).
+	MaxFrameSize int
+
+	hooks *testHooks // set only by this package's tests
+}
+
+// testHooks let tests see moments they cannot observe from outside.
+type testHooks struct {
+	labelJoin func(label string) // an acquire starts waiting for a load another task started
+	labelWait func(label string) // an acquire starts waiting for room
+}
+
+// WithDefaults returns a copy of c with zero values replaced by their defaults.
+func (c Config) WithDefaults() Config {
+	if c.DispatcherURL == "" {
+		c.DispatcherURL = DefaultDispatcherURL
+	}
+	if c.WorkerID == "" {
+		c.WorkerID = defaultWorkerID()
+	}
+	if c.MaxLabels == 0 {
+		c.MaxLabels = DefaultMaxLabels
+	}
+	if c.Slots == 0 {
+		c.Slots = DefaultSlots
+	}
+	if c.BackendName == "" {
+		c.BackendName = DefaultBackendName
+	}
+	if c.Sim.WorkerID == "" {
+		c.Sim.WorkerID = c.WorkerID
+	}
+	if c.LogLevel == "" {
+		c.LogLevel = DefaultLogLevel
+	}
+	if c.LogOutput == nil {
+		c.LogOutput = os.Stdout
+	}
+	setDuration(&c.DrainTimeout, DefaultDrainTimeout)
+	setDuration(&c.HandshakeTimeout, DefaultHandshakeTimeout)
+	setDuration(&c.WriteTimeout, DefaultWriteTimeout)
+	setDuration(&c.ReadTimeout, DefaultReadTimeout)
+	setDuration(&c.PingInterval, DefaultPingInterval)
+	setDuration(&c.ReconnectMin, DefaultReconnectMin)
+	setDuration(&c.ReconnectMax, DefaultReconnectMax)
+	setDuration(&c.BackoffResetAfter, DefaultBackoffResetAfter)
+	setDuration(&c.HealthInterval, DefaultHealthInterval)
+	if c.SendQueueSize == 0 {
+		c.SendQueueSize = DefaultSendQueueSize
+	}
+	if c.MaxFrameSize == 0 {
+		c.MaxFrameSize = frame.DefaultMaxSize
+	}
+	return c
+}
+
+func setDuration(d *time.Duration, def time.Duration) {
+	if *d == 0 {
+		*d = def
+	}
+}
+
+func defaultWorkerID() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "worker"
+	}
+	return fmt.Sprintf("%s-%06x", host, rand.Uint32()&0xffffff)
+}
+
+// validate checks a config that went through WithDefaults; each message names the field.
+func (c Config) validate() error {
+	var errs []error
+	u, err := url.Parse(c.DispatcherURL)
+	switch {
+	case err != nil:
+		errs = append(errs, fmt.Errorf("DispatcherURL %q: %w", c.DispatcherURL, err))
+	case u.Scheme != "ws" && u.Scheme != "wss":
+		errs = append(errs, fmt.Errorf("DispatcherURL %q must start with ws:// or wss://", c.DispatcherURL))
+	case u.Host == "":
+		errs = append(errs, fmt.Errorf("DispatcherURL %q has no host", c.DispatcherURL))
+	}
+	if strings.TrimSpace(c.WorkerID) != c.WorkerID || strings.ContainsAny(c.WorkerID, " \t\r\n") {
+		errs = append(errs, fmt.Errorf("WorkerID %q must not contain spaces", c.WorkerID))
+	}
+	if c.MaxLabels < 1 {
+		errs = append(errs, fmt.Errorf("MaxLabels must be at least 1, got %d", c.MaxLabels))
+	}
+	if c.Slots < 1 {
+		errs = append(errs, fmt.Errorf("Slots must be at least 1, got %d", c.Slots))
+	}
+	for i, l := range c.Labels {
+		if l == "" || strings.TrimSpace(l) != l {
+			errs = append(errs, fmt.Errorf("Labels[%d] %q must be a non-empty label without surrounding spaces", i, l))
+		}
+	}
+	if c.Backend == nil && c.BackendName != sim.Name {
+		errs = append(errs, fmt.Errorf("BackendName %q is not a known backend (--backend; known: %s)", c.BackendName, sim.Name))
+	}
+	if _, err := zerolog.ParseLevel(c.LogLevel); err != nil {
+		errs = append(errs, fmt.Errorf("LogLevel %q: %w", c.LogLevel, err))
+	}
+	for _, f := range []struct {
+		name string
+		d    time.Duration
+	}{
+		{"DrainTimeout", c.DrainTimeout}, {"HandshakeTimeout", c.HandshakeTimeout},
+		{"WriteTimeout", c.WriteTimeout}, {"ReadTimeout", c.ReadTimeout},
+		{"PingInterval", c.PingInterval}, {"ReconnectMin", c.ReconnectMin},
+		{"ReconnectMax", c.ReconnectMax}, {"BackoffResetAfter", c.BackoffResetAfter},
+		{"HealthInterval", c.HealthInterval},
+		{"Sim.LoadTime", c.Sim.LoadTime}, {"Sim.LoadJitter", c.Sim.LoadJitter},
+		{"Sim.RunTime", c.Sim.RunTime}, {"Sim.RunJitter", c.Sim.RunJitter},
+	} {
+		if f.d < 0 {
+			errs = append(errs, fmt.Errorf("%s must not be negative, got %s", f.name, f.d))
+		}
+	}
+	if c.PingInterval >= c.ReadTimeout {
+		errs = append(errs, fmt.Errorf("PingInterval (%s) must be below ReadTimeout (%s)", c.PingInterval, c.ReadTimeout))
+	}
+	if c.ReconnectMax < c.ReconnectMin {
+		errs = append(errs, fmt.Errorf("ReconnectMax (%s) must not be below ReconnectMin (%s)", c.ReconnectMax, c.ReconnectMin))
+	}
+	if c.SendQueueSize < 1 {
+		errs = append(errs, fmt.Errorf("SendQueueSize must be at least 1, got %d", c.SendQueueSize))
+	}
+	if c.MaxFrameSize < 1024 {
+		errs = append(errs, fmt.Errorf("MaxFrameSize must be at least 1024, got %d", c.MaxFrameSize))
+	}
+	return errors.Join(errs...)
+}

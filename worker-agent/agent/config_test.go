@@ -1,0 +1,97 @@
+package agent_test
+
+import (
+	"errors"
+	"flag"
+	"io"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/smartroute/smartroute/proto/frame"
+	"github.com/smartroute/smartroute/worker-agent/agent"
+)
+
+func TestWithDefaults(t *testing.T) {
+	t.Parallel()
+	c := agent.Config{}.WithDefaults()
+	if c.DispatcherURL != agent.DefaultDispatcherURL || c.MaxLabels != 2 || c.Slots != 1 || c.BackendName != "sim" ||
+		c.LogLevel != "info" || c.DrainTimeout != 30*time.Second || c.MaxFrameSize != frame.DefaultMaxSize {
+		t.Errorf("defaults %+v", c)
+	}
+	if c.WorkerID == "" || c.Sim.WorkerID != c.WorkerID {
+		t.Errorf("worker id %q, sim worker id %q", c.WorkerID, c.Sim.WorkerID)
+	}
+	// Zero sim durations stay zero: they mean instant.
+	if c.Sim.LoadTime != 0 || c.Sim.RunTime != 0 {
+		t.Errorf("sim durations %s and %s, want 0", c.Sim.LoadTime, c.Sim.RunTime)
+	}
+	if other := (agent.Config{}).WithDefaults(); other.WorkerID == c.WorkerID {
+		t.Errorf("two default worker ids are both %q", c.WorkerID)
+	}
+}
+
+func TestInvalidConfigNamesTheField(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		field string
+		set   func(*agent.Config)
+	}{
+		{"DispatcherURL", func(c *agent.Config) { c.DispatcherURL = "http://x/worker-listen" }},
+		{"WorkerID", func(c *agent.Config) { c.WorkerID = "a b" }},
+		{"MaxLabels", func(c *agent.Config) { c.MaxLabels = -1 }},
+		{"Slots", func(c *agent.Config) { c.Slots = -2 }},
+		{"BackendName", func(c *agent.Config) { c.BackendName = "triton" }},
+		{"LogLevel", func(c *agent.Config) { c.LogLevel = "loud" }},
+		{"Labels[1]", func(c *agent.Config) { c.Labels = []string{"a", ""} }},
+		{"DrainTimeout", func(c *agent.Config) { c.DrainTimeout = -time.Second }},
+		{"Sim.RunJitter", func(c *agent.Config) { c.Sim.RunJitter = -time.Second }},
+		{"PingInterval", func(c *agent.Config) { c.PingInterval = time.Minute; c.ReadTimeout = time.Second }},
+	} {
+		t.Run(tc.field, func(t *testing.T) {
+			t.Parallel()
+			c := agent.Config{LogOutput: io.Discard}
+			tc.set(&c)
+			err := agent.Run(t.Context(), c)
+			if err == nil || !strings.Contains(err.Error(), tc.field) {
+				t.Errorf("Run = %v, want an error naming %s", err, tc.field)
+			}
+		})
+	}
+}
+
+func TestConfigFromArgs(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{
+		"DISPATCHER_URL": "ws://dispatcher:8080/worker-listen",
+		"SLOTS":          "4",
+		"MAX_LABELS":     "3",
+		"SIM_RUN_TIME":   "5ms",
+		"LABELS":         "a, b,,c",
+	}
+	c, err := agent.ConfigFromArgs([]string{"--slots", "2", "--seed=9", "--sim-load-jitter", "10ms"}, func(k string) string { return env[k] }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.DispatcherURL != env["DISPATCHER_URL"] || c.MaxLabels != 3 || c.Sim.RunTime != 5*time.Millisecond {
+		t.Errorf("environment not applied: %+v", c)
+	}
+	if c.Slots != 2 || c.Sim.Seed != 9 || c.Sim.LoadJitter != 10*time.Millisecond {
+		t.Errorf("flags not applied or lost to the environment: %+v", c)
+	}
+	if c.Sim.LoadTime != agent.DefaultSimLoadTime || c.BackendName != "sim" || c.DrainTimeout != 30*time.Second {
+		t.Errorf("defaults not applied: %+v", c)
+	}
+	if !slices.Equal(c.Labels, []string{"a", "b", "c"}) {
+		t.Errorf("labels %q", c.Labels)
+	}
+
+	_, err = agent.ConfigFromArgs(nil, func(k string) string { return map[string]string{"SLOTS": "many"}[k] }, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "SLOTS") {
+		t.Errorf("bad environment value: %v, want an error naming SLOTS", err)
+	}
+	if _, err := agent.ConfigFromArgs([]string{"-h"}, func(string) string { return "" }, io.Discard); !errors.Is(err, flag.ErrHelp) {
+		t.Errorf("-h gave %v", err)
+	}
+}

@@ -1,0 +1,83 @@
+package agent
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+)
+
+// Command-line defaults of the simulated backend (the Config zero values mean instant).
+const (
+	DefaultSimLoadTime = 400 * time.Millisecond
+	DefaultSimRunTime  = 40 * time.Millisecond
+	DefaultSimSeed     = 1
+)
+
+// ConfigFromArgs turns command-line arguments and environment variables into a Config.
+// Every flag --some-name has an environment variable SOME_NAME; a flag given on the
+// command line wins over the variable, which wins over the default. getenv is usually
+// os.Getenv; usage text goes to output. It returns flag.ErrHelp for -h/--help.
+func ConfigFromArgs(args []string, getenv func(string) string, output io.Writer) (Config, error) {
+	var (
+		c      Config
+		labels string
+	)
+	fs := flag.NewFlagSet("worker-agent", flag.ContinueOnError)
+	fs.SetOutput(output)
+	fs.StringVar(&c.DispatcherURL, "dispatcher-url", DefaultDispatcherURL, "dispatcher worker WebSocket URL")
+	fs.StringVar(&c.WorkerID, "worker-id", "", "worker id (default: host name plus a short random suffix)")
+	fs.IntVar(&c.MaxLabels, "max-labels", DefaultMaxLabels, "labels held at once")
+	fs.IntVar(&c.Slots, "slots", DefaultSlots, "tasks run at once")
+	fs.StringVar(&labels, "labels", "", "comma-separated labels this worker may load (default: any)")
+	fs.StringVar(&c.BackendName, "backend", DefaultBackendName, "inference backend: sim")
+	fs.DurationVar(&c.Sim.LoadTime, "sim-load-time", DefaultSimLoadTime, "sim backend: time to load a label")
+	fs.DurationVar(&c.Sim.LoadJitter, "sim-load-jitter", 0, "sim backend: largest ± deviation of a load time (0: none)")
+	fs.DurationVar(&c.Sim.RunTime, "sim-run-time", DefaultSimRunTime, "sim backend: time to run a task")
+	fs.DurationVar(&c.Sim.RunJitter, "sim-run-jitter", 0, "sim backend: largest ± deviation of a run time (0: none)")
+	fs.Int64Var(&c.Sim.Seed, "seed", DefaultSimSeed, "sim backend: seed of the jitter (same seed, same durations)")
+	fs.StringVar(&c.LogLevel, "log-level", DefaultLogLevel, "log level: debug, info, warn, error")
+	fs.DurationVar(&c.DrainTimeout, "drain-timeout", DefaultDrainTimeout, "how long a drain waits for in-flight tasks")
+	fs.VisitAll(func(f *flag.Flag) { f.Usage += " (env " + envName(f.Name) + ")" })
+
+	if err := fs.Parse(args); err != nil {
+		return Config{}, err
+	}
+	if fs.NArg() > 0 {
+		return Config{}, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	onCommandLine := make(map[string]bool)
+	fs.Visit(func(f *flag.Flag) { onCommandLine[f.Name] = true })
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		name := envName(f.Name)
+		v := getenv(name)
+		if onCommandLine[f.Name] || v == "" {
+			return
+		}
+		if err := f.Value.Set(v); err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
+		}
+	})
+	if err := errors.Join(errs...); err != nil {
+		return Config{}, err
+	}
+	c.Labels = splitLabels(labels)
+	return c, nil
+}
+
+func envName(flagName string) string {
+	return strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+func splitLabels(s string) []string {
+	var out []string
+	for l := range strings.SplitSeq(s, ",") {
+		if l = strings.TrimSpace(l); l != "" {
+			out = append(out, l)
+		}
+	}
+	return out
+}

@@ -1,0 +1,249 @@
+package agent_test
+
+import (
+	"errors"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/smartroute/smartroute/proto/frame"
+	pb "github.com/smartroute/smartroute/proto/smartroutev1"
+	"github.com/smartroute/smartroute/worker-agent/agent"
+	"github.com/smartroute/smartroute/worker-agent/backend/backendtest"
+)
+
+func TestHelloCarriesTheWorkersCapacityAndVersion(t *testing.T) {
+	t.Parallel()
+	h := setup(t, withConfig(func(c *agent.Config) {
+		c.MaxLabels, c.Slots, c.Labels = 3, 2, []string{"m1", "m2"}
+	}))
+	p := h.connect()
+	hello := p.hello
+	if p.workerID != h.cfg.WorkerID || hello.GetWorkerId() != h.cfg.WorkerID {
+		t.Errorf("Worker-Id header %q, hello worker_id %q, want %q", p.workerID, hello.GetWorkerId(), h.cfg.WorkerID)
+	}
+	if hello.GetProtocolVersion() != frame.ProtocolVersion {
+		t.Errorf("protocol_version = %v, want %v", hello.GetProtocolVersion(), frame.ProtocolVersion)
+	}
+	if hello.GetMaxLabels() != 3 || hello.GetSlots() != 2 {
+		t.Errorf("max_labels %d, slots %d, want 3 and 2", hello.GetMaxLabels(), hello.GetSlots())
+	}
+	if len(hello.GetHeldLabels()) != 0 {
+		t.Errorf("held_labels = %q, want none", hello.GetHeldLabels())
+	}
+	if !slices.Equal(hello.GetLoadableLabels(), []string{"m1", "m2"}) {
+		t.Errorf("loadable_labels = %q", hello.GetLoadableLabels())
+	}
+	if a := hello.GetAgent(); !strings.HasPrefix(a, "worker-agent ") || !strings.HasSuffix(a, " backend=sim") {
+		t.Errorf("agent = %q", a)
+	}
+	if hello.GetUnavailable() {
+		t.Error("the sim backend said it is unavailable")
+	}
+	// Welcomed: the connection works.
+	if r := p.run("t1", "m1", ""); !r.GetOk() {
+		t.Fatalf("result %v", r)
+	}
+	if err := h.stop(p); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+}
+
+func TestGiveUpCloseCodes(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name         string
+		code         pb.CloseCode
+		afterWelcome bool
+	}{
+		{"replaced", pb.CloseCode_CLOSE_CODE_REPLACED, true},
+		{"protocol version", pb.CloseCode_CLOSE_CODE_PROTOCOL_VERSION, false},
+		{"unauthorized", pb.CloseCode_CLOSE_CODE_UNAUTHORIZED, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := setup(t)
+			var p *peer
+			if tc.afterWelcome {
+				p = h.connect()
+			} else {
+				p = h.accept()
+				p.read() // the hello
+			}
+			p.closeWith(int(tc.code), "test says "+tc.name)
+			err := h.wait()
+			var ce *agent.CloseError
+			if !errors.As(err, &ce) || ce.Code != int(tc.code) {
+				t.Fatalf("Run = %v, want a CloseError with code %d", err, tc.code)
+			}
+			if !strings.Contains(err.Error(), tc.code.String()) || !strings.Contains(err.Error(), "test says") {
+				t.Errorf("error %q does not say which code and why", err)
+			}
+			select {
+			case <-h.conns:
+				t.Fatal("the agent reconnected after a give-up close code")
+			default:
+			}
+		})
+	}
+}
+
+func TestRefusedUpgradeWith401GivesUp(t *testing.T) {
+	t.Parallel()
+	h := setup(t, func(h *harness) { h.refuse = http.StatusUnauthorized })
+	err := h.wait()
+	var de *agent.DialError
+	if !errors.As(err, &de) || de.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("Run = %v, want a DialError with status 401", err)
+	}
+	if !strings.Contains(err.Error(), "refused by test") {
+		t.Errorf("error %q does not carry the dispatcher's message", err)
+	}
+}
+
+func TestReconnectSaysHelloWithHeldLabels(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		drop func(p *peer)
+		log  string // a message the agent logs on this path
+	}{
+		{"network drop", func(p *peer) { _ = p.conn.NetConn().Close() }, "reconnecting after backoff"},
+		{"shutdown", func(p *peer) { p.closeWith(int(pb.CloseCode_CLOSE_CODE_SHUTDOWN), "restarting") }, "reconnecting after backoff"},
+		{"hello timeout", func(p *peer) { p.closeWith(int(pb.CloseCode_CLOSE_CODE_HELLO_TIMEOUT), "") }, "reconnecting after backoff"},
+		{"slow worker", func(p *peer) { p.closeWith(int(pb.CloseCode_CLOSE_CODE_SLOW_WORKER), "too slow") }, "reconnecting at once"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := setup(t)
+			p := h.connect()
+			p.run("t1", "a", "")
+			p.run("t2", "b", "")
+			p.run("t3", "a", "") // a is now the most recently used
+			tc.drop(p)
+
+			p2 := h.connect()
+			if got := p2.hello.GetHeldLabels(); !slices.Equal(got, []string{"b", "a"}) {
+				t.Errorf("held_labels after reconnect = %q, want [b a] (least recently used first)", got)
+			}
+			if r := p2.run("t4", "b", ""); !r.GetOk() || r.GetLabelMiss() {
+				t.Errorf("after reconnect: %v, want a hit", r)
+			}
+			if err := h.stop(p2); err != nil {
+				t.Fatalf("Run = %v", err)
+			}
+			if len(h.recordsWith("message", tc.log)) == 0 {
+				t.Errorf("no %q record", tc.log)
+			}
+		})
+	}
+}
+
+func TestBadFrameFromDispatcherReconnects(t *testing.T) {
+	t.Parallel()
+	helloFrame, err := frame.Encode(nil, &pb.Envelope{Body: &pb.Envelope_Hello{Hello: &pb.Hello{WorkerId: "x"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		kind int
+		data []byte
+	}{
+		{"garbage", websocket.BinaryMessage, []byte{0xff, 0xff, 0xff}},
+		{"empty", websocket.BinaryMessage, nil},
+		{"text", websocket.TextMessage, []byte(`{"task_id":"t1"}`)},
+		{"wrong direction", websocket.BinaryMessage, helloFrame},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := setup(t)
+			p := h.connect()
+			p.sendRaw(tc.kind, tc.data)
+			if code := p.closeCode(); code != int(pb.CloseCode_CLOSE_CODE_BAD_FRAME) {
+				t.Errorf("agent closed with %d, want %d", code, pb.CloseCode_CLOSE_CODE_BAD_FRAME)
+			}
+			p2 := h.connect()
+			if r := p2.run("t1", "a", ""); !r.GetOk() {
+				t.Errorf("after reconnect: %v", r)
+			}
+			if err := h.stop(p2); err != nil {
+				t.Fatalf("Run = %v", err)
+			}
+		})
+	}
+}
+
+func TestFrameWithUnknownBodyIsSkipped(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	p := h.connect()
+	// Field 99 of the envelope: a message type a newer dispatcher might add.
+	unknown := protowire.AppendBytes(protowire.AppendTag(nil, 99, protowire.BytesType), []byte{0x08, 0x01})
+	p.sendRaw(websocket.BinaryMessage, unknown)
+	if r := p.run("t1", "a", ""); !r.GetOk() {
+		t.Fatalf("result %v", r)
+	}
+	if err := h.stop(p); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	select {
+	case <-h.conns:
+		t.Error("the agent reconnected")
+	default:
+	}
+}
+
+func TestUnavailableBackend(t *testing.T) {
+	t.Parallel()
+	fake := backendtest.New()
+	fake.SetHealth(errors.New("triton is not live"))
+	h := setup(t, withFake(fake), withConfig(func(c *agent.Config) { c.HealthInterval = 5 * time.Millisecond }))
+	p := h.connect()
+	if !p.hello.GetUnavailable() {
+		t.Error("hello.unavailable = false for an unhealthy backend")
+	}
+	r := p.run("t1", "a", "")
+	if r.GetOk() || !strings.Contains(r.GetError(), "triton is not live") {
+		t.Errorf("result %v, want an error saying the backend is unavailable", r)
+	}
+	fake.SetHealth(nil)
+	if st := p.status(); !st.GetAccepting() {
+		t.Errorf("status %v, want accepting", st)
+	}
+	if r := p.run("t2", "a", ""); !r.GetOk() {
+		t.Errorf("result %v", r)
+	}
+	if err := h.stop(p); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+}
+
+func TestSilentDispatcherIsNoticed(t *testing.T) {
+	t.Parallel()
+	h := setup(t, withConfig(func(c *agent.Config) {
+		c.ReadTimeout, c.PingInterval = 300*time.Millisecond, 100*time.Millisecond
+	}))
+	p := h.connect()
+	p.run("t1", "a", "")
+	// p stops reading, so the agent's pings go unanswered and its read deadline passes.
+	p2 := h.connect()
+	if got := p2.hello.GetHeldLabels(); !slices.Equal(got, []string{"a"}) {
+		t.Errorf("held_labels %q", got)
+	}
+	if err := h.stop(p2); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	var timedOut bool
+	for _, r := range h.recordsWith("message", "disconnected") {
+		timedOut = timedOut || strings.Contains(r["error"].(string), "timeout")
+	}
+	if !timedOut {
+		t.Error("no disconnect for a read timeout was logged")
+	}
+}

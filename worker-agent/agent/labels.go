@@ -1,0 +1,337 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/golang-lru/v2/simplelru"
+	"github.com/rs/zerolog"
+
+	pb "github.com/smartroute/smartroute/proto/smartroutev1"
+	"github.com/smartroute/smartroute/worker-agent/backend"
+)
+
+var errNotLoadable = errors.New("label is not loadable on this worker")
+
+// labelManager decides which labels the backend holds. Tasks acquire their label
+// through it: a held label is pinned at once; a missing one is loaded, after evicting
+// the label the dispatcher named or else the least recently used one that no task is
+// using. Concurrent tasks for the same missing label share one load. A pinned label
+// (a task runs on it or waits for its load) is never evicted.
+//
+// Loads and unloads run in their own goroutine, under the manager's context rather
+// than the task's, so that a task giving up does not abort a load other tasks wait for.
+type labelManager struct {
+	backend  backend.Backend
+	capacity int
+	loadable map[string]struct{} // nil means any label
+	ctx      context.Context     // loads and unloads run under it
+	log      zerolog.Logger
+	// emit sends a label event to the dispatcher. It is called with mu held, so that
+	// events and hello snapshots are ordered; it must not block.
+	emit func(*pb.LabelEvent)
+	// onJoin and onWait, when set (tests), are called each time an acquire starts
+	// waiting for a load another task started, and for room.
+	onJoin, onWait func(label string)
+
+	loads sync.WaitGroup // load goroutines in flight
+
+	mu        sync.Mutex
+	entries   map[string]*labelEntry           // loading and loaded labels; len counts against capacity
+	unloading map[string]struct{}              // labels being unloaded; their room is handed over already
+	recency   *simplelru.LRU[string, struct{}] // loaded labels, least recently used first
+	changed   chan struct{}                    // closed and replaced whenever room may have appeared
+}
+
+// labelEntry is a loading or loaded label. Fields other than done are guarded by
+// labelManager.mu; err is written before done is closed and read only after.
+type labelEntry struct {
+	loaded bool
+	pins   int           // tasks running on the label or waiting for its load
+	done   chan struct{} // closed when the load ends, either way
+	err    error         // why the load failed
+}
+
+// taskRef names the task that caused a load, for logs.
+type taskRef struct {
+	id      string
+	attempt uint32
+}
+
+// acquireInfo says how a task got its label.
+type acquireInfo struct {
+	miss    bool          // this task's acquire started the load
+	joined  bool          // this task waited for a load another task started
+	evicted string        // label unloaded to make room for this task's load
+	wait    time.Duration // time spent waiting for the label; zero on a plain hit
+}
+
+// labelLease pins a loaded label until release.
+type labelLease struct {
+	m     *labelManager
+	label string
+	e     *labelEntry
+}
+
+func (l *labelLease) release() { l.m.unpin(l.label, l.e) }
+
+func newLabelManager(ctx context.Context, b backend.Backend, capacity int, loadable []string, log zerolog.Logger, emit func(*pb.LabelEvent)) *labelManager {
+	recency, err := simplelru.NewLRU[string, struct{}](capacity, nil)
+	if err != nil {
+		panic(err) // capacity is validated to be at least 1
+	}
+	m := &labelManager{
+		backend:   b,
+		capacity:  capacity,
+		ctx:       ctx,
+		log:       log,
+		emit:      emit,
+		entries:   make(map[string]*labelEntry),
+		unloading: make(map[string]struct{}),
+		recency:   recency,
+		changed:   make(chan struct{}),
+	}
+	if len(loadable) > 0 {
+		m.loadable = make(map[string]struct{}, len(loadable))
+		for _, l := range loadable {
+			m.loadable[l] = struct{}{}
+		}
+	}
+	return m
+}
+
+// adopt records labels the backend holds at startup, least recently used first. Those
+// beyond capacity are unloaded.
+func (m *labelManager) adopt(ctx context.Context, loaded []string) error {
+	m.mu.Lock()
+	var extra []string
+	for _, l := range loaded {
+		switch {
+		case m.entries[l] != nil:
+		case len(m.entries) < m.capacity:
+			done := make(chan struct{})
+			close(done)
+			m.entries[l] = &labelEntry{loaded: true, done: done}
+			m.recency.Add(l, struct{}{})
+		default:
+			extra = append(extra, l)
+		}
+	}
+	m.mu.Unlock()
+	for _, l := range extra {
+		m.log.Info().Str("label", l).Msg("unloading a label beyond capacity found at startup")
+		if err := m.backend.Unload(ctx, l); err != nil {
+			return fmt.Errorf("unload %q: %w", l, err)
+		}
+	}
+	return nil
+}
+
+// snapshot calls fn with the loaded labels, least recently used first, while no label
+// event can be emitted: events emitted after fn returns describe changes fn did not see.
+func (m *labelManager) snapshot(fn func(held []string)) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	fn(m.recency.Keys())
+}
+
+// held returns the loaded labels, least recently used first.
+func (m *labelManager) held() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.recency.Keys()
+}
+
+// wait blocks until every load and unload started so far has ended.
+func (m *labelManager) wait() { m.loads.Wait() }
+
+// acquire returns a lease on label once it is loaded, loading it if need be. evictHint
+// is the label the dispatcher wants unloaded to make room; it is honoured when that
+// label is loaded and unused, and otherwise the least recently used unused label goes
+// when there is no room. With no room and every label in use, acquire waits for one to
+// be released. It returns ctx's error if ctx ends first, or the load's error.
+func (m *labelManager) acquire(ctx context.Context, label, evictHint string, task taskRef) (*labelLease, acquireInfo, error) {
+	var info acquireInfo
+	start := time.Now()
+	waited := false
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, info, err // never start a load for a task that is over
+		}
+		m.mu.Lock()
+		if m.loadable != nil {
+			if _, ok := m.loadable[label]; !ok {
+				m.mu.Unlock()
+				return nil, info, fmt.Errorf("%w: %q", errNotLoadable, label)
+			}
+		}
+		if e := m.entries[label]; e != nil {
+			e.pins++
+			if e.loaded {
+				m.recency.Get(label)
+				m.mu.Unlock()
+				if waited {
+					info.wait = time.Since(start)
+				}
+				return &labelLease{m: m, label: label, e: e}, info, nil
+			}
+			info.joined = !info.miss
+			m.mu.Unlock()
+			if info.joined && m.onJoin != nil {
+				m.onJoin(label)
+			}
+			select {
+			case <-e.done:
+				info.wait = time.Since(start)
+				if e.err != nil {
+					return nil, info, e.err
+				}
+				m.mu.Lock()
+				m.recency.Get(label)
+				m.mu.Unlock()
+				return &labelLease{m: m, label: label, e: e}, info, nil
+			case <-ctx.Done():
+				m.unpin(label, e)
+				return nil, info, ctx.Err()
+			}
+		}
+		if _, ok := m.unloading[label]; ok {
+			waited = true
+			if err := m.waitLocked(ctx); err != nil {
+				return nil, info, err
+			}
+			continue
+		}
+		victim, ok := m.pickVictimLocked(evictHint)
+		if !ok {
+			waited = true
+			if m.onWait != nil {
+				m.onWait(label)
+			}
+			if err := m.waitLocked(ctx); err != nil {
+				return nil, info, err
+			}
+			continue
+		}
+		e := &labelEntry{done: make(chan struct{})}
+		m.entries[label] = e
+		if victim != "" {
+			delete(m.entries, victim)
+			m.recency.Remove(victim)
+			m.unloading[victim] = struct{}{}
+		}
+		info.miss, info.evicted = true, victim
+		m.loads.Add(1)
+		go m.load(label, e, victim, task)
+		m.mu.Unlock()
+		// The next pass finds the entry loading and waits for it like any joiner.
+	}
+}
+
+// pickVictimLocked chooses the label to unload before a new load: the hint when it is
+// loaded and unused, else nothing while there is room, else the least recently used
+// unused label. ok is false when there is no room and every label is in use.
+func (m *labelManager) pickVictimLocked(hint string) (victim string, ok bool) {
+	if e := m.entries[hint]; hint != "" && e != nil && e.loaded && e.pins == 0 {
+		return hint, true
+	}
+	if len(m.entries) < m.capacity {
+		return "", true
+	}
+	for _, l := range m.recency.Keys() {
+		if m.entries[l].pins == 0 {
+			return l, true
+		}
+	}
+	return "", false
+}
+
+// waitLocked releases mu and waits until room may have appeared or ctx ends.
+func (m *labelManager) waitLocked(ctx context.Context) error {
+	ch := m.changed
+	m.mu.Unlock()
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// broadcastLocked wakes every waiter.
+func (m *labelManager) broadcastLocked() {
+	close(m.changed)
+	m.changed = make(chan struct{})
+}
+
+func (m *labelManager) unpin(label string, e *labelEntry) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.entries[label] != e || e.pins == 0 {
+		return
+	}
+	e.pins--
+	if e.pins == 0 {
+		m.broadcastLocked()
+	}
+}
+
+// load unloads victim (if any) and then loads label, settling entry e.
+func (m *labelManager) load(label string, e *labelEntry, victim string, task taskRef) {
+	defer m.loads.Done()
+	var unloadDur time.Duration
+	if victim != "" {
+		start := time.Now()
+		err := m.backend.Unload(m.ctx, victim)
+		unloadDur = time.Since(start)
+		if err != nil {
+			// The label is gone from our books either way; a real shortage of room
+			// shows up as a failed load below.
+			m.log.Error().Err(err).Str("label", victim).Msg("unload failed")
+		}
+		m.mu.Lock()
+		delete(m.unloading, victim)
+		m.emit(&pb.LabelEvent{Kind: pb.LabelEvent_KIND_EVICTED, Label: victim, DurationUs: unloadDur.Microseconds()})
+		m.broadcastLocked()
+		m.mu.Unlock()
+		m.log.Debug().Str("label", victim).Str("for_label", label).Float64("unload_ms", millis(unloadDur)).Msg("label evicted")
+	}
+
+	m.mu.Lock()
+	m.emit(&pb.LabelEvent{Kind: pb.LabelEvent_KIND_LOADING, Label: label})
+	m.mu.Unlock()
+	start := time.Now()
+	err := m.backend.Load(m.ctx, label)
+	loadDur := time.Since(start)
+
+	m.mu.Lock()
+	if err != nil {
+		e.err = fmt.Errorf("load label %q: %w", label, err)
+		delete(m.entries, label)
+		m.emit(&pb.LabelEvent{Kind: pb.LabelEvent_KIND_LOAD_FAILED, Label: label, Error: err.Error(), DurationUs: loadDur.Microseconds()})
+	} else {
+		e.loaded = true
+		m.recency.Add(label, struct{}{})
+		m.emit(&pb.LabelEvent{Kind: pb.LabelEvent_KIND_LOADED, Label: label, DurationUs: loadDur.Microseconds()})
+	}
+	close(e.done)
+	m.broadcastLocked()
+	m.mu.Unlock()
+
+	if err != nil {
+		m.log.Warn().Err(err).Str("event", "label_load_failed").Str("task_id", task.id).
+			Str("label", label).Float64("load_ms", millis(loadDur)).Msg("label load failed")
+		return
+	}
+	ev := m.log.Info().Str("event", "label_miss").Str("task_id", task.id).Uint32("attempt", task.attempt).Str("label", label)
+	if victim != "" {
+		ev = ev.Str("evicted_label", victim).Float64("unload_ms", millis(unloadDur))
+	}
+	ev.Float64("load_ms", millis(loadDur)).Msg("label miss")
+}
+
+// millis is d in float milliseconds, to the microsecond.
+func millis(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

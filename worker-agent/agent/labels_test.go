@@ -1,0 +1,244 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	pb "github.com/smartroute/smartroute/proto/smartroutev1"
+	"github.com/smartroute/smartroute/worker-agent/backend/backendtest"
+)
+
+const waitLimit = 10 * time.Second
+
+// labelSetup returns a label manager over a fake backend, recording emitted events.
+func labelSetup(t *testing.T, capacity int, fake *backendtest.Fake) (*labelManager, func() []string) {
+	t.Helper()
+	fake.MaxLoaded = capacity
+	var mu sync.Mutex
+	var events []string
+	emit := func(ev *pb.LabelEvent) {
+		mu.Lock()
+		defer mu.Unlock()
+		events = append(events, ev.GetKind().String()[len("KIND_"):]+" "+ev.GetLabel())
+	}
+	m := newLabelManager(t.Context(), fake, capacity, nil, zerolog.Nop(), emit)
+	t.Cleanup(func() {
+		m.wait()
+		for _, v := range fake.Violations() {
+			t.Errorf("backend contract broken: %s", v)
+		}
+	})
+	return m, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(events)
+	}
+}
+
+func mustAcquire(t *testing.T, m *labelManager, label, hint string) (*labelLease, acquireInfo) {
+	t.Helper()
+	l, info, err := m.acquire(t.Context(), label, hint, taskRef{id: "t-" + label})
+	if err != nil {
+		t.Fatalf("acquire %s: %v", label, err)
+	}
+	return l, info
+}
+
+// hook returns a hook function and a wait for its next call.
+func hook(t *testing.T) (func(string), func() string) {
+	ch := make(chan string, 16)
+	return func(l string) { ch <- l }, func() string {
+		t.Helper()
+		select {
+		case l := <-ch:
+			return l
+		case <-time.After(waitLimit):
+			t.Fatal("hook not called")
+			return ""
+		}
+	}
+}
+
+type acquired struct {
+	lease *labelLease
+	info  acquireInfo
+	err   error
+}
+
+func goAcquire(ctx context.Context, m *labelManager, label, hint string) chan acquired {
+	ch := make(chan acquired, 1)
+	go func() {
+		l, info, err := m.acquire(ctx, label, hint, taskRef{id: "t-" + label})
+		ch <- acquired{l, info, err}
+	}()
+	return ch
+}
+
+func await(t *testing.T, ch chan acquired) acquired {
+	t.Helper()
+	select {
+	case a := <-ch:
+		return a
+	case <-time.After(waitLimit):
+		t.Fatal("acquire did not return")
+		return acquired{}
+	}
+}
+
+func TestHitMissAndRecency(t *testing.T) {
+	t.Parallel()
+	m, events := labelSetup(t, 2, backendtest.New())
+	l, info := mustAcquire(t, m, "a", "")
+	if !info.miss || info.joined || info.evicted != "" {
+		t.Errorf("first acquire %+v, want a miss", info)
+	}
+	l.release()
+	l, info = mustAcquire(t, m, "a", "")
+	if info.miss || info.joined || info.wait != 0 {
+		t.Errorf("second acquire %+v, want a plain hit", info)
+	}
+	l.release()
+	l, _ = mustAcquire(t, m, "b", "")
+	l.release()
+	l, _ = mustAcquire(t, m, "a", "")
+	l.release()
+	if got := m.held(); !slices.Equal(got, []string{"b", "a"}) {
+		t.Errorf("held %q, want [b a]", got)
+	}
+	_, info = mustAcquire(t, m, "c", "")
+	if info.evicted != "b" {
+		t.Errorf("evicted %q, want b", info.evicted)
+	}
+	want := []string{"LOADING a", "LOADED a", "LOADING b", "LOADED b", "EVICTED b", "LOADING c", "LOADED c"}
+	if got := events(); !slices.Equal(got, want) {
+		t.Errorf("events %q, want %q", got, want)
+	}
+}
+
+func TestJoinersShareOneLoadAndItsFailure(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	started := make(chan struct{}, 4)
+	fake := backendtest.New()
+	fake.OnLoad = func(ctx context.Context, label string) error {
+		started <- struct{}{}
+		<-release
+		return errors.New("no such model")
+	}
+	m, events := labelSetup(t, 2, fake)
+	onJoin, joined := hook(t)
+	m.onJoin = onJoin
+
+	first := goAcquire(t.Context(), m, "x", "")
+	<-started
+	second := goAcquire(t.Context(), m, "x", "")
+	joined()
+	giveUpCtx, giveUp := context.WithCancel(t.Context())
+	third := goAcquire(giveUpCtx, m, "x", "")
+	joined()
+	giveUp()
+	if a := await(t, third); !errors.Is(a.err, context.Canceled) {
+		t.Errorf("third = %v, want context.Canceled", a.err)
+	}
+	close(release)
+	a1, a2 := await(t, first), await(t, second)
+	if a1.err == nil || a2.err == nil || a1.err.Error() != a2.err.Error() {
+		t.Fatalf("errors %v and %v, want the same load error", a1.err, a2.err)
+	}
+	if !a1.info.miss || a2.info.miss || !a2.info.joined {
+		t.Errorf("infos %+v and %+v", a1.info, a2.info)
+	}
+	if n := fake.Loads("x"); n != 1 {
+		t.Errorf("%d loads, want 1", n)
+	}
+	if got := events(); !slices.Equal(got, []string{"LOADING x", "LOAD_FAILED x"}) {
+		t.Errorf("events %q", got)
+	}
+	// A failed load leaves no trace: the next acquire tries again.
+	fake.OnLoad = nil
+	l, info := mustAcquire(t, m, "x", "")
+	l.release()
+	if !info.miss {
+		t.Errorf("retry %+v, want a miss", info)
+	}
+}
+
+func TestALoadOutlivesTheTaskThatStartedIt(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	started := make(chan struct{}, 1)
+	fake := backendtest.New()
+	fake.OnLoad = func(ctx context.Context, label string) error {
+		started <- struct{}{}
+		<-release
+		return nil
+	}
+	m, _ := labelSetup(t, 1, fake)
+	ctx, cancel := context.WithCancel(t.Context())
+	first := goAcquire(ctx, m, "x", "")
+	<-started
+	cancel()
+	if a := await(t, first); !errors.Is(a.err, context.Canceled) {
+		t.Fatalf("acquire = %v, want context.Canceled", a.err)
+	}
+	close(release)
+	m.wait()
+	if got := m.held(); !slices.Equal(got, []string{"x"}) {
+		t.Fatalf("held %q, want [x]: the load should complete", got)
+	}
+	// Nobody pins x, so it can make room.
+	_, info := mustAcquire(t, m, "y", "")
+	if info.evicted != "x" {
+		t.Errorf("evicted %q, want x", info.evicted)
+	}
+}
+
+func TestPinnedLabelsWaitForRoom(t *testing.T) {
+	t.Parallel()
+	m, _ := labelSetup(t, 2, backendtest.New())
+	onWait, waiting := hook(t)
+	m.onWait = onWait
+	a, _ := mustAcquire(t, m, "a", "")
+	b, _ := mustAcquire(t, m, "b", "")
+	// The hint names a pinned label and there is no room: wait.
+	c := goAcquire(t.Context(), m, "c", "a")
+	if l := waiting(); l != "c" {
+		t.Fatalf("waiting for %q", l)
+	}
+	b.release()
+	got := await(t, c)
+	if got.err != nil || got.info.evicted != "b" || got.info.wait == 0 {
+		t.Fatalf("acquire c = %+v, want b evicted after a wait", got)
+	}
+	a.release()
+	got.lease.release()
+}
+
+func TestAdoptKeepsWhatFitsAndUnloadsTheRest(t *testing.T) {
+	t.Parallel()
+	fake := backendtest.New()
+	m, _ := labelSetup(t, 2, fake)
+	if err := m.adopt(t.Context(), []string{"a", "b", "c"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.held(); !slices.Equal(got, []string{"a", "b"}) {
+		t.Errorf("held %q", got)
+	}
+	if got := fake.Unloads(); !slices.Equal(got, []string{"c"}) {
+		t.Errorf("unloads %q", got)
+	}
+}
+
+func TestNotLoadableLabel(t *testing.T) {
+	t.Parallel()
+	m := newLabelManager(t.Context(), backendtest.New(), 1, []string{"a"}, zerolog.Nop(), func(*pb.LabelEvent) {})
+	if _, _, err := m.acquire(t.Context(), "b", "", taskRef{}); !errors.Is(err, errNotLoadable) {
+		t.Errorf("acquire = %v, want errNotLoadable", err)
+	}
+}

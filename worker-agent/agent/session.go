@@ -1,0 +1,234 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/gorilla/websocket"
+	"github.com/rs/zerolog"
+
+	"github.com/smartroute/smartroute/proto/frame"
+	pb "github.com/smartroute/smartroute/proto/smartroutev1"
+)
+
+var (
+	errQueueFull     = errors.New("outgoing frame queue full: the dispatcher is not reading")
+	errClosedByAgent = errors.New("connection closed by the agent")
+)
+
+// closeWait bounds how long a normal close waits for the dispatcher's close reply.
+const closeWait = 2 * time.Second
+
+// session is one WebSocket connection to the dispatcher. After the handshake it has
+// one reader (agent.readLoop) and one writer (writeLoop); everyone else hands frames
+// to the writer through send, which never blocks.
+type session struct {
+	id   uint64
+	conn *websocket.Conn
+	log  zerolog.Logger
+
+	writeTimeout time.Duration
+	readTimeout  time.Duration
+	pingInterval time.Duration
+
+	// out holds frames for the writer: any goroutine sends (without blocking), only
+	// writeLoop receives.
+	out chan *pb.Envelope
+	// closeReq asks writeLoop to flush out and send a normal close frame. Buffered 1.
+	closeReq chan struct{}
+	// done is closed by end, once, when the session is over.
+	done    chan struct{}
+	endOnce sync.Once
+	err     error // why the session ended; written by end before done is closed
+
+	wg sync.WaitGroup // the reader and the writer
+
+	tasks int // attempts assigned on this session holding a slot; guarded by agent.mu
+}
+
+func newSession(id uint64, conn *websocket.Conn, cfg *Config, log zerolog.Logger) *session {
+	s := &session{
+		id:           id,
+		conn:         conn,
+		log:          log.With().Uint64("conn", id).Logger(),
+		writeTimeout: cfg.WriteTimeout,
+		readTimeout:  cfg.ReadTimeout,
+		pingInterval: cfg.PingInterval,
+		out:          make(chan *pb.Envelope, cfg.SendQueueSize),
+		closeReq:     make(chan struct{}, 1),
+		done:         make(chan struct{}),
+	}
+	conn.SetReadLimit(int64(cfg.MaxFrameSize))
+	// Any sign of life from the dispatcher extends the read deadline.
+	conn.SetPingHandler(func(data string) error {
+		s.extendReadDeadline()
+		err := conn.WriteControl(websocket.PongMessage, []byte(data), time.Now().Add(s.writeTimeout))
+		if errors.Is(err, websocket.ErrCloseSent) {
+			return nil
+		}
+		return err
+	})
+	conn.SetPongHandler(func(string) error {
+		s.extendReadDeadline()
+		return nil
+	})
+	return s
+}
+
+func (s *session) extendReadDeadline() {
+	_ = s.conn.SetReadDeadline(time.Now().Add(s.readTimeout))
+}
+
+// send queues env for the writer. It never blocks: on a session that is over it drops
+// env, and a full queue ends the session (the dispatcher re-queues its tasks).
+func (s *session) send(env *pb.Envelope) bool {
+	if s == nil {
+		return false
+	}
+	select {
+	case <-s.done:
+		return false
+	default:
+	}
+	select {
+	case s.out <- env:
+		return true
+	default:
+		s.log.Warn().Int("queue_size", cap(s.out)).Msg("outgoing queue full, dropping the connection")
+		s.end(errQueueFull)
+		return false
+	}
+}
+
+// end finishes the session with err; only the first call counts.
+func (s *session) end(err error) {
+	s.endOnce.Do(func() {
+		s.err = err
+		close(s.done)
+		_ = s.conn.Close()
+	})
+}
+
+// ended reports whether the session is over.
+func (s *session) ended() bool {
+	select {
+	case <-s.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// write sends one frame with a write deadline, reusing buf for the encoding.
+func (s *session) write(env *pb.Envelope, buf []byte) ([]byte, error) {
+	b, err := frame.Encode(buf[:0], env)
+	if err != nil {
+		return buf, fmt.Errorf("encode %T: %w", env.GetBody(), err)
+	}
+	if err := s.conn.SetWriteDeadline(time.Now().Add(s.writeTimeout)); err != nil {
+		return b, err
+	}
+	if err := s.conn.WriteMessage(websocket.BinaryMessage, b); err != nil {
+		return b, err
+	}
+	if e := s.log.Debug(); e.Enabled() {
+		e.Str("frame", fmt.Sprintf("%T", env.GetBody())).Int("bytes", len(b)).Msg("frame sent")
+	}
+	return b, nil
+}
+
+// writeLoop is the only goroutine that writes data frames after the handshake.
+func (s *session) writeLoop() {
+	defer s.wg.Done()
+	ping := time.NewTicker(s.pingInterval)
+	defer ping.Stop()
+	var buf []byte
+	var err error
+	for {
+		select {
+		case env := <-s.out:
+			if buf, err = s.write(env, buf); err != nil {
+				s.end(fmt.Errorf("write: %w", err))
+				return
+			}
+		case <-ping.C:
+			if err := s.conn.WriteControl(websocket.PingMessage, nil, time.Now().Add(s.writeTimeout)); err != nil {
+				s.end(fmt.Errorf("ping: %w", err))
+				return
+			}
+		case <-s.closeReq:
+			for len(s.out) > 0 { // only this goroutine receives, so this never blocks
+				if buf, err = s.write(<-s.out, buf); err != nil {
+					s.end(fmt.Errorf("write: %w", err))
+					return
+				}
+			}
+			msg := websocket.FormatCloseMessage(websocket.CloseNormalClosure, "worker draining")
+			if err := s.conn.WriteControl(websocket.CloseMessage, msg, time.Now().Add(s.writeTimeout)); err != nil {
+				s.end(fmt.Errorf("write close: %w", err))
+			}
+			return
+		case <-s.done:
+			return
+		}
+	}
+}
+
+// closeNormally flushes the queued frames, sends a normal close frame, waits up to
+// closeWait for the dispatcher's reply, and ends the session. It returns once the
+// reader and the writer have stopped.
+func (s *session) closeNormally() {
+	select {
+	case s.closeReq <- struct{}{}:
+	default:
+	}
+	t := time.NewTimer(closeWait)
+	select {
+	case <-s.done:
+	case <-t.C:
+		s.log.Info().Msg("no close reply from the dispatcher")
+	}
+	t.Stop()
+	s.end(errClosedByAgent)
+	s.wg.Wait()
+}
+
+// closeWith sends a close frame with code and reason, then ends the session with err.
+func (s *session) closeWith(code int, reason string, err error) {
+	if len(reason) > 120 { // a close frame's payload is at most 125 bytes
+		reason = reason[:120]
+	}
+	msg := websocket.FormatCloseMessage(code, reason)
+	_ = s.conn.WriteControl(websocket.CloseMessage, msg, time.Now().Add(s.writeTimeout))
+	s.end(err)
+}
+
+// readFrame reads and decodes the next frame under the read deadline. Errors that are
+// the dispatcher's fault come back as *protocolError; close frames as *CloseError. A
+// nil envelope with a nil error is a frame to skip.
+func (s *session) readFrame(maxSize int, timeout time.Duration) (*pb.Envelope, error) {
+	_ = s.conn.SetReadDeadline(time.Now().Add(timeout))
+	kind, data, err := s.conn.ReadMessage()
+	if err != nil {
+		return nil, asCloseError(err)
+	}
+	if kind != websocket.BinaryMessage {
+		return nil, &protocolError{msg: fmt.Sprintf("websocket message type %d, want binary", kind)}
+	}
+	env, err := frame.Decode(data, maxSize)
+	if errors.Is(err, frame.ErrNoBody) {
+		// Fields are only ever added to the protocol: a body this build does not know
+		// comes from a newer dispatcher and is skipped rather than treated as garbage.
+		s.log.Warn().Int("bytes", len(data)).Msg("skipping a frame with no body this worker knows")
+		return nil, nil
+	}
+	if err != nil {
+		return nil, &protocolError{msg: err.Error()}
+	}
+	if e := s.log.Debug(); e.Enabled() {
+		e.Str("frame", fmt.Sprintf("%T", env.GetBody())).Int("bytes", len(data)).Msg("frame received")
+	}
+	return env, nil
+}

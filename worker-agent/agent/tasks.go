@@ -1,0 +1,231 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	pb "github.com/smartroute/smartroute/proto/smartroutev1"
+	"github.com/smartroute/smartroute/worker-agent/backend"
+)
+
+// resultOverhead is room left in a frame for the result's other fields.
+const resultOverhead = 4 << 10
+
+// errDeadline is the cause of a task context whose deadline_unix_ms passed.
+var errDeadline = errors.New("deadline exceeded")
+
+// cancelledError is the cause of a task context the dispatcher cancelled.
+type cancelledError struct{ reason string }
+
+func (e *cancelledError) Error() string {
+	if e.reason == "" {
+		return "cancelled: by the dispatcher"
+	}
+	return "cancelled: " + e.reason
+}
+
+// taskKey names one attempt of a task.
+type taskKey struct {
+	id      string
+	attempt uint32
+}
+
+// runningTask is an attempt in flight; the entry lives in agent.tasks until its result
+// has been handed to the writer.
+type runningTask struct {
+	cancel    context.CancelCauseFunc
+	s         *session // the session it was assigned on, where its result goes
+	holdsSlot bool     // counted in s.tasks; false once the result is about to go out
+}
+
+// outcome is how an attempt went, for its result and its log record.
+type outcome struct {
+	label   acquireInfo
+	run     time.Duration
+	result  []byte
+	err     error
+	discard bool // send no result: the work was abandoned and the dispatcher re-queues it
+}
+
+// assign starts an assignment in its own goroutine or refuses it at once. It runs on
+// the reader and never blocks.
+func (a *agent) assign(s *session, asg *pb.TaskAssignment) {
+	received := time.Now()
+	key := taskKey{id: asg.GetTaskId(), attempt: asg.GetAttempt()}
+	var refusal string
+	a.mu.Lock()
+	switch {
+	case key.id == "":
+		refusal = "assignment has no task_id"
+	case asg.GetLabel() == "":
+		refusal = "assignment has no label"
+	case a.draining:
+		refusal = "worker draining"
+	case !a.available:
+		refusal = a.unavailableReason
+	case a.tasks[key] != nil:
+		a.mu.Unlock()
+		s.log.Warn().Str("task_id", key.id).Uint32("attempt", key.attempt).Msg("ignoring a duplicate assignment")
+		return
+	case s.tasks >= a.cfg.Slots:
+		// Counted per session: attempts left running by a lost connection (whose
+		// results will be discarded) do not hold up the new connection's work.
+		refusal = fmt.Sprintf("no free slot: this worker runs %d task(s) at once", a.cfg.Slots)
+	default:
+		ctx, cancel := context.WithCancelCause(a.workCtx)
+		if ms := asg.GetDeadlineUnixMs(); ms > 0 {
+			var cancelDeadline context.CancelFunc
+			ctx, cancelDeadline = context.WithDeadlineCause(ctx, time.UnixMilli(ms), errDeadline)
+			cancelTask := cancel
+			cancel = func(cause error) { cancelTask(cause); cancelDeadline() }
+		}
+		if len(a.tasks) == 0 {
+			a.idle = make(chan struct{})
+		}
+		a.tasks[key] = &runningTask{cancel: cancel, s: s, holdsSlot: true}
+		s.tasks++
+		a.mu.Unlock()
+		go a.runTask(ctx, s, asg, key, received)
+		return
+	}
+	a.mu.Unlock()
+	a.finish(s, asg, received, outcome{err: errors.New(refusal)})
+}
+
+// runTask acquires the task's label, runs the task and sends its result.
+func (a *agent) runTask(ctx context.Context, s *session, asg *pb.TaskAssignment, key taskKey, received time.Time) {
+	defer a.taskDone(key)
+	var o outcome
+	lease, info, err := a.labels.acquire(ctx, asg.GetLabel(), asg.GetEvictLabel(), taskRef{id: key.id, attempt: key.attempt})
+	o.label = info
+	if err == nil {
+		start := time.Now()
+		o.result, err = a.backend.Run(ctx, backend.Task{
+			ID:      key.id,
+			Attempt: key.attempt,
+			Type:    asg.GetTaskType(),
+			Label:   asg.GetLabel(),
+			Params:  asg.GetParametersJson(),
+		})
+		o.run = time.Since(start)
+		lease.release()
+		if err == nil && len(o.result) > a.cfg.MaxFrameSize-resultOverhead {
+			err = fmt.Errorf("result of %d bytes does not fit in a frame (limit %d)", len(o.result), a.cfg.MaxFrameSize)
+		}
+	}
+	if err != nil && ctx.Err() != nil {
+		// The task's context ended: say why rather than how the backend noticed.
+		err = context.Cause(ctx)
+		o.discard = errors.Is(err, errShutdown)
+	}
+	o.err = err
+	// Free the slot before the result goes out: a dispatcher may send the next task
+	// the moment it reads this result.
+	a.releaseSlot(key)
+	a.finish(s, asg, received, o)
+}
+
+// releaseSlot gives back the session slot an attempt holds.
+func (a *agent) releaseSlot(key taskKey) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if rt := a.tasks[key]; rt != nil && rt.holdsSlot {
+		rt.holdsSlot = false
+		rt.s.tasks--
+	}
+}
+
+// taskDone forgets a finished attempt, after its result was queued, so that a drain
+// waiting for no task to run finds every result queued.
+func (a *agent) taskDone(key taskKey) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if rt := a.tasks[key]; rt != nil {
+		rt.cancel(nil)
+		if rt.holdsSlot {
+			rt.s.tasks--
+		}
+		delete(a.tasks, key)
+		if len(a.tasks) == 0 {
+			close(a.idle)
+		}
+	}
+}
+
+// finish sends an attempt's result (unless discarded or the session is gone) and logs
+// the "task completed" record the benchmark reads. load_ms and load_duration_us are the
+// time the task waited for its label: its own load (label_miss), a load another task
+// started (label_miss false), or room; zero on a plain hit.
+func (a *agent) finish(s *session, asg *pb.TaskAssignment, received time.Time, o outcome) {
+	total := time.Since(received)
+	res := &pb.TaskResult{
+		TaskId:         asg.GetTaskId(),
+		Attempt:        asg.GetAttempt(),
+		Ok:             o.err == nil,
+		LabelMiss:      o.label.miss,
+		LoadDurationUs: o.label.wait.Microseconds(),
+		RunDurationUs:  o.run.Microseconds(),
+		EvictedLabel:   o.label.evicted,
+	}
+	if o.err != nil {
+		res.Error = o.err.Error()
+	} else {
+		res.Result = o.result
+	}
+	delivered := !o.discard && s.send(&pb.Envelope{Body: &pb.Envelope_Result{Result: res}})
+
+	// A result that never reaches the dispatcher gets its own event: the dispatcher
+	// re-queues the task, and counting it as completed here would count it twice.
+	ev := a.taskLog.Info().Str("event", "task_completed")
+	msg := "task completed"
+	if !delivered {
+		ev = a.taskLog.Info().Str("event", "task_discarded")
+		msg = "task result discarded"
+	}
+	ev = ev.
+		Str("task_id", res.TaskId).
+		Uint32("attempt", res.Attempt).
+		Str("task_type", asg.GetTaskType()).
+		Str("label", asg.GetLabel()).
+		Bool("label_miss", res.LabelMiss).
+		Float64("load_ms", millis(o.label.wait)).
+		Float64("run_ms", millis(o.run)).
+		Float64("total_ms", millis(total)).
+		Bool("ok", res.Ok)
+	if res.EvictedLabel != "" {
+		ev = ev.Str("evicted_label", res.EvictedLabel)
+	}
+	if o.err != nil {
+		ev = ev.Str("error", res.Error)
+	}
+	ev.Msg(msg)
+}
+
+// cancel ends the attempt a Cancel frame names; attempt 0 means every attempt.
+func (a *agent) cancel(c *pb.Cancel) {
+	cause := &cancelledError{reason: c.GetReason()}
+	a.mu.Lock()
+	n := 0
+	for key, rt := range a.tasks {
+		if key.id == c.GetTaskId() && (c.GetAttempt() == 0 || key.attempt == c.GetAttempt()) {
+			rt.cancel(cause)
+			n++
+		}
+	}
+	a.mu.Unlock()
+	if n == 0 {
+		a.log.Debug().Str("task_id", c.GetTaskId()).Uint32("attempt", c.GetAttempt()).Msg("cancel for a task not running here")
+	}
+}
+
+// cancelTasks cancels every attempt in flight and returns how many there were.
+func (a *agent) cancelTasks(cause error) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, rt := range a.tasks {
+		rt.cancel(cause)
+	}
+	return len(a.tasks)
+}

@@ -1,0 +1,54 @@
+// Package backend defines what the worker agent needs from an inference backend: load
+// and unload labels (models), run tasks on a loaded label, and say what it can load
+// and whether it can take work at all. The built-in simulated backend lives in
+// backend/sim; a Triton backend will implement the same interface.
+package backend
+
+import (
+	"context"
+	"errors"
+)
+
+// Backend is an inference backend. The agent calls Load and Unload for one label at a
+// time (never Load and Unload of the same label concurrently, never Unload of a label
+// a task is running on), and Run only on a label whose Load succeeded. Every method
+// must return promptly once its context is done.
+type Backend interface {
+	// Name is a short identifier for logs and the hello ("sim", "triton").
+	Name() string
+	// Inventory reports, once at startup, which labels the backend can load and which
+	// it holds already.
+	Inventory(ctx context.Context) (Inventory, error)
+	// Health returns nil when the backend can take tasks now, or an error saying why
+	// not (for example "triton is not live"). The agent polls it.
+	Health(ctx context.Context) error
+	// Load makes label ready to run tasks. Loading a label already loaded is a no-op.
+	Load(ctx context.Context, label string) error
+	// Unload frees what label holds. Unloading a label not loaded is a no-op; when
+	// Unload returns, the room is free for another Load.
+	Unload(ctx context.Context, label string) error
+	// Run executes one task on a loaded label and returns its result (JSON for the
+	// built-in backends).
+	Run(ctx context.Context, task Task) ([]byte, error)
+}
+
+// Task is one task attempt as the backend sees it.
+type Task struct {
+	ID      string
+	Attempt uint32
+	Type    string
+	Label   string
+	// Params is the producer's parameters_json, untouched.
+	Params []byte
+}
+
+// Inventory is what a backend reports at startup.
+type Inventory struct {
+	// Loadable lists the labels the backend can load; empty means any label.
+	Loadable []string
+	// Loaded lists the labels loaded already, least recently used first.
+	Loaded []string
+}
+
+// ErrNotLoaded is returned by Run when the task's label is not loaded.
+var ErrNotLoaded = errors.New("label not loaded")

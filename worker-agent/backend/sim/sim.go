@@ -1,0 +1,185 @@
+// Package sim is the simulated backend: loading a label and running a task only take
+// time. Durations are drawn from a seeded source so that a run can be reproduced, and
+// zero durations cost nothing at all (no timer), which the throughput benchmark relies on.
+package sim
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/smartroute/smartroute/worker-agent/backend"
+)
+
+// Name is the backend name used in --backend and in the hello's agent string.
+const Name = "sim"
+
+// Config sets the simulated durations. Zero values are meaningful: a zero time makes
+// loads or runs instant and a zero jitter makes every duration exactly the set time.
+type Config struct {
+	// WorkerID is echoed in every result; empty leaves the field empty.
+	WorkerID string
+	// LoadTime is how long a load takes; zero means instant.
+	LoadTime time.Duration
+	// LoadJitter is the largest absolute deviation from LoadTime, drawn uniformly in
+	// [-LoadJitter, +LoadJitter]; zero means none. A drawn duration below zero is zero.
+	LoadJitter time.Duration
+	// RunTime is how long a task runs; zero means instant.
+	RunTime time.Duration
+	// RunJitter is the largest absolute deviation from RunTime, as LoadJitter.
+	RunJitter time.Duration
+	// Seed seeds the source of the jitter; every value, zero included, is a valid seed.
+	// The same seed and the same sequence of calls give the same durations.
+	Seed int64
+	// Sleep waits d or until ctx is done, returning ctx's error in that case. Nil
+	// means a real timer. Tests inject one that records durations without waiting.
+	// It is never called for a zero duration.
+	Sleep func(ctx context.Context, d time.Duration) error
+}
+
+func (c Config) validate() error {
+	for _, f := range []struct {
+		name string
+		d    time.Duration
+	}{{"LoadTime", c.LoadTime}, {"LoadJitter", c.LoadJitter}, {"RunTime", c.RunTime}, {"RunJitter", c.RunJitter}} {
+		if f.d < 0 {
+			return fmt.Errorf("sim %s must not be negative, got %s", f.name, f.d)
+		}
+	}
+	return nil
+}
+
+// Backend is the simulated backend. It tracks which labels are loaded, so that a run on
+// a label that was never loaded fails as it would on a real backend.
+type Backend struct {
+	cfg   Config
+	sleep func(ctx context.Context, d time.Duration) error
+
+	mu     sync.Mutex          // guards rng and loaded
+	rng    *rand.Rand          // jitter source
+	loaded map[string]struct{} // labels loaded now
+}
+
+var _ backend.Backend = (*Backend)(nil)
+
+// New returns a simulated backend.
+func New(cfg Config) (*Backend, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	sleep := cfg.Sleep
+	if sleep == nil {
+		sleep = timerSleep
+	}
+	seed := uint64(cfg.Seed)
+	return &Backend{
+		cfg:    cfg,
+		sleep:  sleep,
+		rng:    rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+		loaded: make(map[string]struct{}),
+	}, nil
+}
+
+// Name returns "sim".
+func (b *Backend) Name() string { return Name }
+
+// Inventory reports that any label can be loaded and none is loaded yet.
+func (b *Backend) Inventory(context.Context) (backend.Inventory, error) {
+	return backend.Inventory{}, nil
+}
+
+// Health always reports the simulated backend available.
+func (b *Backend) Health(context.Context) error { return nil }
+
+// Load waits the load time and marks the label loaded.
+func (b *Backend) Load(ctx context.Context, label string) error {
+	if label == "" {
+		return errors.New("empty label")
+	}
+	if err := b.wait(ctx, b.cfg.LoadTime, b.cfg.LoadJitter); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	b.loaded[label] = struct{}{}
+	b.mu.Unlock()
+	return nil
+}
+
+// Unload marks the label not loaded; it takes no time and cannot fail.
+func (b *Backend) Unload(_ context.Context, label string) error {
+	b.mu.Lock()
+	delete(b.loaded, label)
+	b.mu.Unlock()
+	return nil
+}
+
+// result is what a simulated run returns: the task, echoed.
+type result struct {
+	TaskID         string `json:"task_id"`
+	TaskType       string `json:"task_type"`
+	Label          string `json:"label"`
+	WorkerID       string `json:"worker_id"`
+	ParametersJSON string `json:"parameters_json"`
+}
+
+// Run waits the run time and returns the task echoed as JSON. It accepts any task type.
+func (b *Backend) Run(ctx context.Context, task backend.Task) ([]byte, error) {
+	b.mu.Lock()
+	_, ok := b.loaded[task.Label]
+	b.mu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("%w: %q", backend.ErrNotLoaded, task.Label)
+	}
+	if err := b.wait(ctx, b.cfg.RunTime, b.cfg.RunJitter); err != nil {
+		return nil, err
+	}
+	return json.Marshal(result{
+		TaskID:         task.ID,
+		TaskType:       task.Type,
+		Label:          task.Label,
+		WorkerID:       b.cfg.WorkerID,
+		ParametersJSON: string(task.Params),
+	})
+}
+
+// Loaded reports whether label is loaded now.
+func (b *Backend) Loaded(label string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	_, ok := b.loaded[label]
+	return ok
+}
+
+func (b *Backend) wait(ctx context.Context, base, jitter time.Duration) error {
+	d := b.duration(base, jitter)
+	if d <= 0 {
+		return ctx.Err()
+	}
+	return b.sleep(ctx, d)
+}
+
+// duration draws base ± jitter, never below zero.
+func (b *Backend) duration(base, jitter time.Duration) time.Duration {
+	if jitter <= 0 {
+		return base
+	}
+	b.mu.Lock()
+	delta := time.Duration(b.rng.Int64N(2*int64(jitter)+1)) - jitter
+	b.mu.Unlock()
+	return max(base+delta, 0)
+}
+
+func timerSleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

@@ -1,0 +1,65 @@
+// Command worker-agent connects to a smartroute dispatcher and runs the tasks it
+// assigns on an inference backend, holding at most --max-labels labels (models) at once.
+//
+// Flags (each also read from the environment variable in brackets; a flag given on the
+// command line wins over the variable, which wins over the default):
+//
+//	--dispatcher-url   [DISPATCHER_URL]   ws://127.0.0.1:8080/worker-listen
+//	--worker-id        [WORKER_ID]        host name plus a short random suffix
+//	--max-labels       [MAX_LABELS]       2: labels held at once
+//	--slots            [SLOTS]            1: tasks run at once
+//	--labels           [LABELS]           comma-separated labels this worker may load; empty: any
+//	--backend          [BACKEND]          sim (the only backend so far; any other name is a startup error)
+//	--sim-load-time    [SIM_LOAD_TIME]    400ms: simulated load time
+//	--sim-load-jitter  [SIM_LOAD_JITTER]  0: largest ± deviation of a load time, drawn uniformly
+//	--sim-run-time     [SIM_RUN_TIME]     40ms: simulated run time
+//	--sim-run-jitter   [SIM_RUN_JITTER]   0: largest ± deviation of a run time, drawn uniformly
+//	--seed             [SEED]             1: seed of the jitter; the same seed gives the same durations
+//	--log-level        [LOG_LEVEL]        info: debug, info, warn or error (JSON lines on stdout)
+//	--drain-timeout    [DRAIN_TIMEOUT]    30s: how long a drain waits for in-flight tasks
+//
+// SIGTERM or SIGINT drains: the worker takes no new tasks, waits up to --drain-timeout
+// for those in flight, sends their results, closes the connection normally and exits 0.
+// A second signal kills it at once. A Drain frame from the dispatcher does the same.
+//
+// When the dispatcher closes the connection, the close code decides what happens next:
+// REPLACED (4004), PROTOCOL_VERSION (4001) and UNAUTHORIZED (4005), or an upgrade
+// refused with HTTP 401/403, make the worker give up and exit 1 saying why;
+// SLOW_WORKER (4003) reconnects at once; SHUTDOWN (4000), BAD_FRAME (4002),
+// HELLO_TIMEOUT (4006), any other code and network errors reconnect after an
+// exponential backoff (100ms doubling to 5s, ±50% jitter, reset after a connection
+// that lived 10s). Every reconnect says hello again with the labels held now.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/smartroute/smartroute/worker-agent/agent"
+)
+
+func main() {
+	cfg, err := agent.ConfigFromArgs(os.Args[1:], os.Getenv, os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "worker-agent:", err)
+		os.Exit(2)
+	}
+	zerolog.TimeFieldFormat = time.RFC3339Nano
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	context.AfterFunc(ctx, stop) // after the first signal, a second one kills
+	if err := agent.Run(ctx, cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "worker-agent:", err)
+		os.Exit(1)
+	}
+}
