@@ -474,3 +474,25 @@ func TestShutdownAnswersAndClosesWorkers(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A worker that refuses an attempt (draining) does not fail the task: it runs on
+// another worker and the producer gets that answer.
+func TestRefusedAttemptRunsElsewhere(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	first := b.dial("w1", "m")
+	ans := b.postAsync(`{"task_id":"ref-1","task_type":"x","label":"m"}`)
+	a := first.assignment()
+	second := b.dial("w2", "m")
+	first.write(&pb.Envelope{Body: &pb.Envelope_Status{Status: &pb.WorkerStatus{Accepting: false, Reason: "draining"}}})
+	first.write(&pb.Envelope{Body: &pb.Envelope_Result{Result: &pb.TaskResult{
+		TaskId: a.TaskId, Attempt: a.Attempt, Error: "worker draining", Refused: true}}})
+	a2 := second.assignment()
+	if a2.TaskId != "ref-1" || a2.Attempt != 2 {
+		t.Fatalf("reassigned %v", a2)
+	}
+	second.finish(a2, true, `"ok"`)
+	if got := <-ans; got.status != 200 || got.body["worker_id"] != "w2" {
+		t.Fatalf("answer %v", got)
+	}
+}

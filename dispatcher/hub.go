@@ -264,6 +264,17 @@ func (h *hub) onResult(wc *workerConn, res *pb.TaskResult) {
 		h.log.Debug().Str("worker_id", wc.id).Str("task_id", res.GetTaskId()).Uint32("attempt", res.GetAttempt()).Msg("stale result dropped")
 		return
 	}
+	if res.GetRefused() {
+		out, err := h.sched.Requeue(wc.id, &rec.sched)
+		if err != nil {
+			h.log.Error().Err(err).Str("worker_id", wc.id).Str("task_id", res.GetTaskId()).Msg("requeue refused task")
+			return
+		}
+		rec.status = statusQueued
+		h.log.Debug().Str("worker_id", wc.id).Str("task_id", res.GetTaskId()).Str("reason", res.GetError()).Msg("worker refused task; requeued")
+		h.apply(out)
+		return
+	}
 	loadTime := time.Duration(res.GetLoadDurationUs()) * time.Microsecond
 	runTime := time.Duration(res.GetRunDurationUs()) * time.Microsecond
 	out, err := h.sched.Complete(wc.id, &rec.sched, scheduler.Observation{Loaded: res.GetLabelMiss(), LoadTime: loadTime, RunTime: runTime})

@@ -9,9 +9,9 @@ func TestParseRunTaskParameters(t *testing.T) {
 	t.Parallel()
 	cases := map[string]string{
 		`{"task_type":"x","label":"m","parameters_json":"{\"data\": \"sample\"}"}`: `{"data": "sample"}`,
-		`{"task_type":"x","label":"m","parameters_json":{"a":[1,2]}}`:             `{"a":[1,2]}`,
-		`{"task_type":"x","label":"m","parameters_json":null}`:                    ``,
-		`{"task_type":"x","label":"m"}`:                                           ``,
+		`{"task_type":"x","label":"m","parameters_json":{"a":[1,2]}}`:              `{"a":[1,2]}`,
+		`{"task_type":"x","label":"m","parameters_json":null}`:                     ``,
+		`{"task_type":"x","label":"m"}`:                                            ``,
 	}
 	for body, want := range cases {
 		spec, err := parseRunTask([]byte(body))

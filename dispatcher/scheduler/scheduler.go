@@ -337,6 +337,38 @@ func (s *Scheduler) Complete(workerID string, t *Task, obs Observation) (*Outcom
 	return out, nil
 }
 
+// Requeue takes back an attempt the worker refused without running it (draining, no
+// free slot, backend down): the task goes to the front of the queue and may start
+// elsewhere at once. Refused attempts count towards MaxAttempts, so a task cannot
+// bounce between refusing workers for ever.
+func (s *Scheduler) Requeue(workerID string, t *Task) (*Outcome, error) {
+	out := s.reset()
+	w, ok := s.workers[workerID]
+	if !ok {
+		return out, fmt.Errorf("%w: %s", ErrUnknownWorker, workerID)
+	}
+	i := w.runningIndex(t)
+	if i < 0 {
+		return out, fmt.Errorf("%w: %s on %s", ErrUnknownTask, t.ID, workerID)
+	}
+	w.running[i] = w.running[len(w.running)-1]
+	w.running[len(w.running)-1] = nil
+	w.running = w.running[:len(w.running)-1]
+	t.worker = nil
+	if h := w.find(t.Label); h >= 0 {
+		w.held[h].inUse--
+	}
+	s.refreshFree(w)
+	if t.Attempt >= s.cfg.MaxAttempts {
+		t.state = stateDone
+		out.Failed = append(out.Failed, Failure{Task: t, Reason: FailAttempts})
+		return out, nil
+	}
+	s.enqueue(t, true)
+	s.place(t)
+	return out, nil
+}
+
 // Expire fails every queued task whose deadline has passed.
 func (s *Scheduler) Expire() *Outcome {
 	out := s.reset()

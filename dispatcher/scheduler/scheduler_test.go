@@ -377,3 +377,26 @@ func TestUnavailableWorkerTakesNothing(t *testing.T) {
 		t.Fatalf("worker back: got %+v", out.Assigned)
 	}
 }
+
+// A refused attempt goes back to the front of the queue and may start elsewhere; after
+// MaxAttempts refusals the task fails instead of bouncing for ever.
+func TestRequeueRefusedAttempt(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{MaxAttempts: 2})
+	b.worker("w1", 1, 1, "a")
+	task := b.task("a")
+	one(t, b.submit(task))
+	b.worker("w2", 1, 1, "a") // free holder, takes nothing yet
+	b.s.SetAccepting("w1", false)
+	out, err := b.s.Requeue("w1", task)
+	if err != nil || len(out.Assigned) != 1 || out.Assigned[0].WorkerID != "w2" || task.Attempt != 2 {
+		t.Fatalf("requeue: %+v %v attempt %d", out, err, task.Attempt)
+	}
+	out, _ = b.s.Requeue("w2", task)
+	if len(out.Failed) != 1 || out.Failed[0].Reason != FailAttempts {
+		t.Fatalf("second refusal with MaxAttempts 2: %+v", out)
+	}
+	if _, err := b.s.Requeue("w2", task); !errors.Is(err, ErrUnknownTask) {
+		t.Fatalf("requeue of a finished task: %v", err)
+	}
+}

@@ -73,9 +73,10 @@ func (ProtocolVersion) EnumDescriptor() ([]byte, []int) {
 	return file_smartroute_v1_worker_proto_rawDescGZIP(), []int{0}
 }
 
-// CloseCode is the WebSocket close code (4000-4999 is the application range) the
-// dispatcher sends when it ends a worker connection. The agent acts on it: reconnect
-// at once, back off, or give up.
+// CloseCode is the WebSocket close code (4000-4999 is the application range) sent by
+// the side that ends a worker connection; mostly the dispatcher, whose codes the agent
+// acts on (reconnect at once, back off, or give up). The agent uses BAD_FRAME when the
+// dispatcher sent something it cannot decode.
 type CloseCode int32
 
 const (
@@ -657,7 +658,11 @@ type TaskResult struct {
 	LoadDurationUs int64 `protobuf:"varint,7,opt,name=load_duration_us,json=loadDurationUs,proto3" json:"load_duration_us,omitempty"`
 	RunDurationUs  int64 `protobuf:"varint,8,opt,name=run_duration_us,json=runDurationUs,proto3" json:"run_duration_us,omitempty"`
 	// The label unloaded to make room, if any.
-	EvictedLabel  string `protobuf:"bytes,9,opt,name=evicted_label,json=evictedLabel,proto3" json:"evicted_label,omitempty"`
+	EvictedLabel string `protobuf:"bytes,9,opt,name=evicted_label,json=evictedLabel,proto3" json:"evicted_label,omitempty"`
+	// True when the attempt never started (the worker is draining, its backend is
+	// unavailable, or it has no free slot): the dispatcher runs the task elsewhere
+	// instead of failing it.
+	Refused       bool `protobuf:"varint,10,opt,name=refused,proto3" json:"refused,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -753,6 +758,13 @@ func (x *TaskResult) GetEvictedLabel() string {
 		return x.EvictedLabel
 	}
 	return ""
+}
+
+func (x *TaskResult) GetRefused() bool {
+	if x != nil {
+		return x.Refused
+	}
+	return false
 }
 
 // LabelEvent keeps the dispatcher's view of the worker's labels true.
@@ -1026,7 +1038,7 @@ const file_smartroute_v1_worker_proto_rawDesc = "" +
 	"\x0fparameters_json\x18\x05 \x01(\fR\x0eparametersJson\x12(\n" +
 	"\x10deadline_unix_ms\x18\x06 \x01(\x03R\x0edeadlineUnixMs\x12\x1f\n" +
 	"\vevict_label\x18\a \x01(\tR\n" +
-	"evictLabel\"\x93\x02\n" +
+	"evictLabel\"\xad\x02\n" +
 	"\n" +
 	"TaskResult\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x18\n" +
@@ -1038,7 +1050,9 @@ const file_smartroute_v1_worker_proto_rawDesc = "" +
 	"label_miss\x18\x06 \x01(\bR\tlabelMiss\x12(\n" +
 	"\x10load_duration_us\x18\a \x01(\x03R\x0eloadDurationUs\x12&\n" +
 	"\x0frun_duration_us\x18\b \x01(\x03R\rrunDurationUs\x12#\n" +
-	"\revicted_label\x18\t \x01(\tR\fevictedLabel\"\xf6\x01\n" +
+	"\revicted_label\x18\t \x01(\tR\fevictedLabel\x12\x18\n" +
+	"\arefused\x18\n" +
+	" \x01(\bR\arefused\"\xf6\x01\n" +
 	"\n" +
 	"LabelEvent\x122\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1e.smartroute.v1.LabelEvent.KindR\x04kind\x12\x14\n" +

@@ -28,7 +28,7 @@ func TestDrainOnShutdownLetsTheRunningTaskFinish(t *testing.T) {
 		t.Fatalf("status %v, want not accepting, draining", st)
 	}
 	p.assign(&pb.TaskAssignment{TaskId: "t2", Label: "a"})
-	if r := p.result(); r.GetTaskId() != "t2" || r.GetOk() || r.GetError() != "worker draining" {
+	if r := p.result(); r.GetTaskId() != "t2" || r.GetOk() || !r.GetRefused() || r.GetError() != "worker draining" {
 		t.Fatalf("result %v, want t2 refused with worker draining", r)
 	}
 	g.open()

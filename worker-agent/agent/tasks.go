@@ -47,6 +47,7 @@ type outcome struct {
 	result  []byte
 	err     error
 	discard bool // send no result: the work was abandoned and the dispatcher re-queues it
+	refused bool // the attempt never started: the dispatcher runs it elsewhere
 }
 
 // assign starts an assignment in its own goroutine or refuses it at once. It runs on
@@ -55,12 +56,15 @@ func (a *agent) assign(s *session, asg *pb.TaskAssignment) {
 	received := time.Now()
 	key := taskKey{id: asg.GetTaskId(), attempt: asg.GetAttempt()}
 	var refusal string
+	// Refusals of a well-formed assignment say so, so that the dispatcher requeues the
+	// task instead of failing it; a malformed one is the task's own error.
+	refused := true
 	a.mu.Lock()
 	switch {
 	case key.id == "":
-		refusal = "assignment has no task_id"
+		refusal, refused = "assignment has no task_id", false
 	case asg.GetLabel() == "":
-		refusal = "assignment has no label"
+		refusal, refused = "assignment has no label", false
 	case a.draining:
 		refusal = "worker draining"
 	case !a.available:
@@ -91,7 +95,7 @@ func (a *agent) assign(s *session, asg *pb.TaskAssignment) {
 		return
 	}
 	a.mu.Unlock()
-	a.finish(s, asg, received, outcome{err: errors.New(refusal)})
+	a.finish(s, asg, received, outcome{err: errors.New(refusal), refused: refused})
 }
 
 // runTask acquires the task's label, runs the task and sends its result.
@@ -168,6 +172,7 @@ func (a *agent) finish(s *session, asg *pb.TaskAssignment, received time.Time, o
 		LoadDurationUs: o.label.wait.Microseconds(),
 		RunDurationUs:  o.run.Microseconds(),
 		EvictedLabel:   o.label.evicted,
+		Refused:        o.refused,
 	}
 	if o.err != nil {
 		res.Error = o.err.Error()
@@ -180,9 +185,13 @@ func (a *agent) finish(s *session, asg *pb.TaskAssignment, received time.Time, o
 	// re-queues the task, and counting it as completed here would count it twice.
 	ev := a.taskLog.Info().Str("event", "task_completed")
 	msg := "task completed"
-	if !delivered {
+	switch {
+	case !delivered:
 		ev = a.taskLog.Info().Str("event", "task_discarded")
 		msg = "task result discarded"
+	case o.refused: // never ran: the dispatcher runs it elsewhere
+		ev = a.taskLog.Info().Str("event", "task_refused")
+		msg = "task refused"
 	}
 	ev = ev.
 		Str("task_id", res.TaskId).

@@ -345,7 +345,7 @@ func TestAssignmentBeyondSlotsFailsFast(t *testing.T) {
 	g.waitStarted(t)
 	p.assign(&pb.TaskAssignment{TaskId: "t2", Label: "a"})
 	r := p.result()
-	if r.GetTaskId() != "t2" || r.GetOk() || !strings.Contains(r.GetError(), "no free slot") {
+	if r.GetTaskId() != "t2" || r.GetOk() || !r.GetRefused() || !strings.Contains(r.GetError(), "no free slot") {
 		t.Fatalf("result %v, want t2 refused", r)
 	}
 	g.open()
