@@ -18,8 +18,8 @@ LUA="$RELAY_DIR/post.lua"
 
 "$BIN/dispatcher" --addr 127.0.0.1:18080 --log-level warn >"$BIN/dispatcher.log" 2>&1 &
 for i in $(seq 1 "$WORKERS"); do
-  "$BIN/worker-agent" --dispatcher-url ws://127.0.0.1:18080/worker-listen --worker-id tp-$i \
-    --max-labels 5 --sim-load-time 0 --sim-run-time 0 --log-level warn >"$BIN/agent-$i.log" 2>&1 &
+  GOMAXPROCS=${AGENT_GOMAXPROCS:-2} "$BIN/worker-agent" --dispatcher-url ws://127.0.0.1:18080/worker-listen --worker-id tp-$i \
+    --slots ${SLOTS:-1} --max-labels 5 --sim-load-time 0 --sim-run-time 0 --log-level warn >"$BIN/agent-$i.log" 2>&1 &
 done
 "$BIN/relay-limit" -addr 127.0.0.1:18099 -workers "$WORKERS" >"$BIN/relay.log" 2>&1 &
 # Readiness: our /workers lists every agent, and the relay says its workers are in.

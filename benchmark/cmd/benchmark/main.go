@@ -1,0 +1,237 @@
+// Command benchmark loads a smartroute dispatcher and reports how well it routes.
+//
+// Usage:
+//
+//	benchmark run [flags]
+//
+// run builds the dispatcher and the worker agent from the repository, starts a
+// dispatcher and NUM_WORKERS agents (simulated backend) as processes on loopback,
+// runs closed-loop producers against it, stops everything and prints the seed's
+// summary (worker log summary, producer log summary) plus latency and throughput.
+// With --compare it runs label routing, then random dispatch, with the same seed and
+// prints the two side by side. A progress bar goes to stderr when stderr is a
+// terminal, except with --json.
+//
+// The seed's 4-label comparison, time-scaled to about a minute per mode (the README's
+// main job):
+//
+//	go run ./benchmark/cmd/benchmark run --compare --scenario seed-4
+//
+// which is the same as
+//
+//	go run ./benchmark/cmd/benchmark run --compare --requests 2400 --producers 2 \
+//	    --labels 4 --wait-avg 0.75 --wait-stddev 1.0 --time-scale 0.05
+//
+// Flags of run (defaults in brackets):
+//
+//	--scenario NAME       preset: seed-4 or seed-5 (the seed's published runs at time
+//	                      scales 0.05 and 0.02); flags given with it override it
+//	--requests N          total requests, split across the producers [10]
+//	--producers N         concurrent closed-loop producers [2]
+//	--wait-avg S          mean pause after each request, seconds [1.0]
+//	--wait-stddev S       standard deviation of the pause, seconds; the pause is
+//	                      max(0.1 s, normal(avg, stddev)) [0.5]
+//	--labels N            number of labels, label-1..label-N, chosen uniformly [4]
+//	--task-types LIST     comma-separated task types, chosen uniformly [sample_task]
+//	--sync-share F        share of synchronous requests; the rest are sent with
+//	                      "return_result": false and polled [1.0]
+//	--seed N              seed of the producers and (offset per worker) the agents [1]
+//	--time-scale F        multiplies every duration: pauses and simulated load and
+//	                      run times [1.0]
+//	--request-timeout D   bound on one request, polling included; 0 for none [2m]
+//	--num-workers N       worker agents; env NUM_WORKERS [2]
+//	--max-labels N        labels each agent holds at once [2]
+//	--slots N             tasks each agent runs at once [1]
+//	--random-dispatch     random dispatch instead of routing; env RANDOM_DISPATCH [false]
+//	--compare             run routing then random dispatch and compare them
+//	--sim-load-time D     simulated label load time [400ms]
+//	--sim-load-jitter D   simulated load time jitter [50ms]
+//	--sim-run-time D      simulated run time [50ms]
+//	--sim-run-jitter D    simulated run time jitter [10ms]
+//	--task-timeout D      dispatcher --task-timeout; 0 keeps its default [0]
+//	--log-level L         dispatcher log level [info]
+//	--repo DIR            repository to build from [the directory holding go.work
+//	                      at or above the working directory]
+//	--bin-dir DIR         use the prebuilt dispatcher and worker-agent in DIR
+//	--out DIR             logs and records, one subdirectory per mode [a new
+//	                      directory under the system's temporary directory]
+//	--ready-timeout D     bound on the dispatcher and workers becoming ready [30s]
+//	--stop-timeout D      grace after SIGTERM before SIGKILL [10s]
+//	--json                print the result as JSON on stdout, nothing else
+//	--chart FILE          write an SVG bar chart of the comparison (needs --compare)
+//	--quiet               no log lines on stderr
+//
+// Durations (D) take Go's form: 400ms, 1.5s, 2m. Exit status: 0 on success, 1 when
+// the run failed, 2 on bad usage, 130 when interrupted.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/mattn/go-isatty"
+	"github.com/rs/zerolog"
+
+	"github.com/smartroute/smartroute/benchmark/live"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+const usage = `usage: benchmark <command> [flags]
+
+commands:
+  run    start a dispatcher and workers, load them, print the summary
+         (benchmark run -h lists the flags)
+`
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	switch args[0] {
+	case "run":
+		cfg, err := parseRun(args[1:], getenv, stderr)
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "benchmark run: %v\n", err)
+			return 2
+		}
+		if err := live.Run(ctx, cfg, stdout); err != nil {
+			if ctx.Err() != nil {
+				fmt.Fprintf(stderr, "benchmark run: interrupted: %v\n", err)
+				return 130
+			}
+			fmt.Fprintf(stderr, "benchmark run: %v\n", err)
+			return 1
+		}
+		return 0
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "benchmark: unknown command %q\n%s", args[0], usage)
+		return 2
+	}
+}
+
+// parseRun turns the flags and environment of `benchmark run` into a live.Config.
+func parseRun(args []string, getenv func(string) string, stderr io.Writer) (live.Config, error) {
+	cfg := live.DefaultConfig()
+	// Precedence: defaults, then a --scenario preset, then the environment, then flags;
+	// so the scenario is read before anything else.
+	if name := scenarioArg(args); name != "" {
+		if err := live.ApplyScenario(&cfg, name); err != nil {
+			return cfg, err
+		}
+	}
+	if v := getenv("NUM_WORKERS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return cfg, fmt.Errorf("NUM_WORKERS=%q: not an integer", v)
+		}
+		cfg.NumWorkers = n
+	}
+	if v := getenv("RANDOM_DISPATCH"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return cfg, fmt.Errorf("RANDOM_DISPATCH=%q: not a boolean", v)
+		}
+		cfg.RandomDispatch = b
+	}
+
+	fs := flag.NewFlagSet("benchmark run", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.String("scenario", "", "preset workload: seed-4 or seed-5 (the seed's published runs, time-scaled)")
+	fs.IntVar(&cfg.Requests, "requests", cfg.Requests, "total requests, split across the producers")
+	fs.IntVar(&cfg.Producers, "producers", cfg.Producers, "concurrent closed-loop producers")
+	waitAvg := fs.Float64("wait-avg", cfg.WaitAvg.Seconds(), "mean pause after each request, seconds")
+	waitStddev := fs.Float64("wait-stddev", cfg.WaitStddev.Seconds(), "standard deviation of the pause, seconds")
+	fs.IntVar(&cfg.Labels, "labels", cfg.Labels, "number of labels (label-1..label-N)")
+	taskTypes := fs.String("task-types", strings.Join(cfg.TaskTypes, ","), "comma-separated task types")
+	fs.Float64Var(&cfg.SyncShare, "sync-share", cfg.SyncShare, "share of synchronous requests")
+	fs.Int64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the producers and agents")
+	fs.Float64Var(&cfg.TimeScale, "time-scale", cfg.TimeScale, "multiplies every duration of the workload")
+	fs.DurationVar(&cfg.RequestTimeout, "request-timeout", cfg.RequestTimeout, "bound on one request; 0 for none")
+	fs.IntVar(&cfg.NumWorkers, "num-workers", cfg.NumWorkers, "worker agents (env NUM_WORKERS)")
+	fs.IntVar(&cfg.MaxLabels, "max-labels", cfg.MaxLabels, "labels each agent holds at once")
+	fs.IntVar(&cfg.Slots, "slots", cfg.Slots, "tasks each agent runs at once")
+	fs.BoolVar(&cfg.RandomDispatch, "random-dispatch", cfg.RandomDispatch, "random dispatch instead of routing (env RANDOM_DISPATCH)")
+	fs.BoolVar(&cfg.Compare, "compare", false, "run routing then random dispatch and compare")
+	fs.DurationVar(&cfg.SimLoadTime, "sim-load-time", cfg.SimLoadTime, "simulated label load time")
+	fs.DurationVar(&cfg.SimLoadJitter, "sim-load-jitter", cfg.SimLoadJitter, "simulated load time jitter")
+	fs.DurationVar(&cfg.SimRunTime, "sim-run-time", cfg.SimRunTime, "simulated run time")
+	fs.DurationVar(&cfg.SimRunJitter, "sim-run-jitter", cfg.SimRunJitter, "simulated run time jitter")
+	fs.DurationVar(&cfg.TaskTimeout, "task-timeout", cfg.TaskTimeout, "dispatcher --task-timeout; 0 keeps its default")
+	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "dispatcher log level")
+	fs.StringVar(&cfg.RepoDir, "repo", "", "repository to build from (default: go.work at or above the working directory)")
+	fs.StringVar(&cfg.BinDir, "bin-dir", "", "use prebuilt dispatcher and worker-agent binaries from this directory")
+	fs.StringVar(&cfg.OutDir, "out", "", "directory for logs and records (default: a new temporary directory)")
+	fs.DurationVar(&cfg.ReadyTimeout, "ready-timeout", cfg.ReadyTimeout, "bound on the dispatcher and workers becoming ready")
+	fs.DurationVar(&cfg.StopTimeout, "stop-timeout", cfg.StopTimeout, "grace after SIGTERM before SIGKILL")
+	fs.BoolVar(&cfg.JSON, "json", false, "print the result as JSON on stdout")
+	fs.StringVar(&cfg.ChartPath, "chart", "", "write an SVG chart of the comparison to this file (needs --compare)")
+	quiet := fs.Bool("quiet", false, "no log lines on stderr")
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	if fs.NArg() > 0 {
+		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	cfg.WaitAvg = seconds(*waitAvg)
+	cfg.WaitStddev = seconds(*waitStddev)
+	cfg.TaskTypes = strings.Split(*taskTypes, ",")
+
+	terminal := isTerminal(stderr)
+	if terminal && !cfg.JSON {
+		cfg.Progress = stderr
+	}
+	if !*quiet {
+		cfg.Logger = zerolog.New(zerolog.ConsoleWriter{Out: stderr, NoColor: !terminal, TimeFormat: time.TimeOnly}).
+			With().Timestamp().Str("component", "benchmark").Logger()
+	}
+	return cfg, cfg.Validate()
+}
+
+// scenarioArg finds --scenario's value among the arguments (before flag parsing).
+func scenarioArg(args []string) string {
+	for i, a := range args {
+		if a == "--" {
+			return ""
+		}
+		name := strings.TrimLeft(a, "-")
+		if len(a)-len(name) < 1 || len(a)-len(name) > 2 {
+			continue
+		}
+		if v, ok := strings.CutPrefix(name, "scenario="); ok {
+			return v
+		}
+		if name == "scenario" && i+1 < len(args) {
+			return args[i+1]
+		}
+	}
+	return ""
+}
+
+func seconds(v float64) time.Duration { return time.Duration(v * float64(time.Second)) }
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && (isatty.IsTerminal(f.Fd()) || isatty.IsCygwinTerminal(f.Fd()))
+}

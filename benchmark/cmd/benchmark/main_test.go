@@ -1,0 +1,129 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/smartroute/smartroute/benchmark/live"
+)
+
+func env(m map[string]string) func(string) string {
+	return func(k string) string { return m[k] }
+}
+
+func TestParseRunDefaults(t *testing.T) {
+	t.Parallel()
+	cfg, err := parseRun(nil, env(nil), &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	def := live.DefaultConfig()
+	if cfg.Requests != 10 || cfg.Producers != 2 || cfg.WaitAvg != time.Second || cfg.WaitStddev != 500*time.Millisecond ||
+		cfg.Labels != 4 || !slices.Equal(cfg.TaskTypes, []string{"sample_task"}) || cfg.SyncShare != 1 || cfg.Seed != 1 ||
+		cfg.TimeScale != 1 || cfg.NumWorkers != 2 || cfg.RandomDispatch || cfg.SimLoadTime != def.SimLoadTime ||
+		cfg.SimRunTime != def.SimRunTime || cfg.Compare || cfg.JSON {
+		t.Errorf("defaults: %+v", cfg)
+	}
+	// A bytes.Buffer is no terminal: no progress bar.
+	if cfg.Progress != nil {
+		t.Error("progress bar on a non-terminal")
+	}
+}
+
+func TestParseRunFlagsAndEnv(t *testing.T) {
+	t.Parallel()
+	args := strings.Fields("--requests 2400 --producers 3 --labels 5 --wait-avg 0.75 --wait-stddev 1.0 " +
+		"--time-scale 0.1 --task-types a,b --sync-share 0.5 --seed 9 --sim-load-time 300ms --compare --chart c.svg --json")
+	cfg, err := parseRun(args, env(map[string]string{"NUM_WORKERS": "4", "RANDOM_DISPATCH": "true"}), &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Requests != 2400 || cfg.Producers != 3 || cfg.Labels != 5 || cfg.WaitAvg != 750*time.Millisecond ||
+		cfg.WaitStddev != time.Second || cfg.TimeScale != 0.1 || !slices.Equal(cfg.TaskTypes, []string{"a", "b"}) ||
+		cfg.SyncShare != 0.5 || cfg.Seed != 9 || cfg.SimLoadTime != 300*time.Millisecond || !cfg.Compare ||
+		cfg.ChartPath != "c.svg" || !cfg.JSON || cfg.NumWorkers != 4 || !cfg.RandomDispatch {
+		t.Errorf("parsed: %+v", cfg)
+	}
+	// Flags win over the environment.
+	cfg, err = parseRun([]string{"--num-workers", "3", "--random-dispatch=false"}, env(map[string]string{"NUM_WORKERS": "4", "RANDOM_DISPATCH": "1"}), &bytes.Buffer{})
+	if err != nil || cfg.NumWorkers != 3 || cfg.RandomDispatch {
+		t.Errorf("flags over env: %+v, %v", cfg, err)
+	}
+}
+
+func TestParseRunErrors(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{[]string{"--requests", "0"}, nil, "--requests"},
+		{[]string{"--time-scale", "-1"}, nil, "--time-scale"},
+		{[]string{"--wait-avg", "-2"}, nil, "--wait-avg"},
+		{[]string{"--chart", "x.svg"}, nil, "--chart needs --compare"},
+		{[]string{"--task-types", "a,,b"}, nil, "--task-types"},
+		{[]string{"extra"}, nil, "unexpected arguments"},
+		{nil, map[string]string{"NUM_WORKERS": "two"}, "NUM_WORKERS"},
+		{nil, map[string]string{"RANDOM_DISPATCH": "maybe"}, "RANDOM_DISPATCH"},
+		{nil, map[string]string{"NUM_WORKERS": "0"}, "--num-workers (NUM_WORKERS)"},
+		{[]string{"--requests", "ten"}, nil, "-requests"},
+	}
+	for _, tt := range tests {
+		_, err := parseRun(tt.args, env(tt.env), &bytes.Buffer{})
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%q %v: err = %v, want one naming %s", tt.args, tt.env, err, tt.want)
+		}
+	}
+	_, err := parseRun([]string{"-h"}, env(nil), &bytes.Buffer{})
+	if !errors.Is(err, flag.ErrHelp) {
+		t.Errorf("-h: %v", err)
+	}
+}
+
+func TestRunCommands(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		args     []string
+		code     int
+		out, err string
+	}{
+		{nil, 2, "", "usage: benchmark"},
+		{[]string{"help"}, 0, "usage: benchmark", ""},
+		{[]string{"frobnicate"}, 2, "", `unknown command "frobnicate"`},
+		{[]string{"run", "--requests", "0"}, 2, "", "benchmark run: --requests must be at least 1"},
+		{[]string{"run", "-h"}, 0, "", "-time-scale"},
+	}
+	for _, tt := range tests {
+		var stdout, stderr bytes.Buffer
+		code := run(t.Context(), tt.args, env(nil), &stdout, &stderr)
+		if code != tt.code || !strings.Contains(stdout.String(), tt.out) || !strings.Contains(stderr.String(), tt.err) {
+			t.Errorf("%q: code %d stdout %q stderr %q", tt.args, code, stdout.String(), stderr.String())
+		}
+	}
+}
+
+func TestParseRunScenario(t *testing.T) {
+	t.Parallel()
+	cfg, err := parseRun([]string{"--compare", "--scenario", "seed-4"}, env(nil), &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Requests != 2400 || cfg.Labels != 4 || cfg.WaitAvg != 750*time.Millisecond || cfg.WaitStddev != time.Second ||
+		cfg.TimeScale != 0.05 || cfg.NumWorkers != 2 || cfg.MaxLabels != 2 || !cfg.Compare {
+		t.Errorf("seed-4: %+v", cfg)
+	}
+	// Environment and flags given with a scenario override it.
+	cfg, err = parseRun([]string{"--scenario=seed-5", "--requests", "100"}, env(map[string]string{"NUM_WORKERS": "3"}), &bytes.Buffer{})
+	if err != nil || cfg.Labels != 5 || cfg.WaitAvg != 2500*time.Millisecond || cfg.Requests != 100 || cfg.NumWorkers != 3 {
+		t.Errorf("seed-5 with overrides: %+v %v", cfg, err)
+	}
+	if _, err := parseRun([]string{"--scenario", "seed-9"}, env(nil), &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), "seed-4") {
+		t.Errorf("unknown scenario: %v", err)
+	}
+}

@@ -1,0 +1,313 @@
+package live
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// cluster is a dispatcher and its worker agents running on loopback.
+type cluster struct {
+	log        zerolog.Logger
+	baseURL    string // http://127.0.0.1:<port>
+	dispatcher *process
+	agents     []*process
+	stopGrace  time.Duration
+	stopOnce   sync.Once
+	stopErr    error
+}
+
+// clusterSpec is what startCluster needs; it is derived from a Config and a mode.
+type clusterSpec struct {
+	bins           binaries
+	dir            string // logs go here
+	random         bool
+	cfg            Config
+	onProcessStart func(name string, pid int)
+}
+
+// pollInterval is how often readiness is checked.
+const pollInterval = 25 * time.Millisecond
+
+// portAttempts bounds the retries when the port picked for the dispatcher is taken
+// between picking and binding.
+const portAttempts = 3
+
+// agentID names worker i (from 1).
+func agentID(i int) string { return fmt.Sprintf("bench-worker-%d", i) }
+
+// scaled multiplies d by the time scale.
+func scaled(d time.Duration, scale float64) time.Duration {
+	return time.Duration(float64(d) * scale)
+}
+
+func dispatcherArgs(cfg Config, addr string, random bool) []string {
+	args := []string{
+		"--addr", addr,
+		"--random-dispatch=" + strconv.FormatBool(random),
+		"--log-level", cfg.LogLevel,
+	}
+	if cfg.TaskTimeout > 0 {
+		args = append(args, "--task-timeout", cfg.TaskTimeout.String())
+	}
+	return args
+}
+
+func agentArgs(cfg Config, addr string, i int) []string {
+	s := cfg.TimeScale
+	return []string{
+		"--dispatcher-url", "ws://" + addr + "/worker-listen",
+		"--worker-id", agentID(i),
+		"--max-labels", strconv.Itoa(cfg.MaxLabels),
+		"--slots", strconv.Itoa(cfg.Slots),
+		"--backend", "sim",
+		"--sim-load-time", scaled(cfg.SimLoadTime, s).String(),
+		"--sim-load-jitter", scaled(cfg.SimLoadJitter, s).String(),
+		"--sim-run-time", scaled(cfg.SimRunTime, s).String(),
+		"--sim-run-jitter", scaled(cfg.SimRunJitter, s).String(),
+		"--seed", strconv.FormatInt(cfg.Seed+int64(i), 10),
+		"--log-level", agentLogLevel(cfg.LogLevel),
+	}
+}
+
+// agentLogLevel is cfg.LogLevel, but never quieter than info: the agents' task
+// records, which the summary reads, are logged at info.
+func agentLogLevel(level string) string {
+	if l, err := zerolog.ParseLevel(level); err == nil && l <= zerolog.DebugLevel {
+		return "debug"
+	}
+	return "info"
+}
+
+// startCluster starts the dispatcher, waits for its health, starts the agents and
+// waits until all are connected. On error, everything started is stopped.
+func startCluster(ctx context.Context, spec clusterSpec) (_ *cluster, err error) {
+	cfg := spec.cfg
+	c := &cluster{log: cfg.Logger, stopGrace: cfg.StopTimeout}
+	defer func() {
+		if err != nil {
+			if stopErr := c.stop(); stopErr != nil {
+				err = errors.Join(err, stopErr)
+			}
+		}
+	}()
+	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{Proxy: nil}}
+	defer client.CloseIdleConnections()
+	env := childEnv()
+	started := func(p *process) {
+		if spec.onProcessStart != nil {
+			spec.onProcessStart(p.name, p.pid())
+		}
+	}
+
+	var addr string
+	for attempt := 1; ; attempt++ {
+		if addr, err = freeLoopbackAddr(); err != nil {
+			return c, err
+		}
+		c.baseURL = "http://" + addr
+		c.dispatcher, err = startProcess("dispatcher", spec.bins.dispatcher, dispatcherArgs(cfg, addr, spec.random), env, spec.dir)
+		if err != nil {
+			return c, err
+		}
+		started(c.dispatcher)
+		c.log.Info().Str("addr", addr).Bool("random_dispatch", spec.random).Int("pid", c.dispatcher.pid()).Msg("dispatcher started")
+		err = waitUntil(ctx, cfg.ReadyTimeout, []*process{c.dispatcher}, func(ctx context.Context) error {
+			return checkHealth(ctx, client, c.baseURL)
+		})
+		if err == nil {
+			break
+		}
+		if attempt < portAttempts && c.dispatcher.exited() && strings.Contains(tailLines(c.dispatcher.stderrPath, 50)+tailLines(c.dispatcher.stdoutPath, 50), "address already in use") {
+			c.log.Warn().Str("addr", addr).Msg("dispatcher port taken; trying another")
+			if err := c.dispatcher.stop(c.stopGrace); err != nil {
+				return c, err
+			}
+			continue
+		}
+		return c, fmt.Errorf("waiting for the dispatcher's /health: %w", err)
+	}
+
+	want := make([]string, cfg.NumWorkers)
+	for i := range cfg.NumWorkers {
+		want[i] = agentID(i + 1)
+		p, err := startProcess(want[i], spec.bins.agent, agentArgs(cfg, addr, i+1), env, spec.dir)
+		if err != nil {
+			return c, err
+		}
+		c.agents = append(c.agents, p)
+		started(p)
+	}
+	err = waitUntil(ctx, cfg.ReadyTimeout, c.all(), func(ctx context.Context) error {
+		return checkWorkers(ctx, client, c.baseURL, want)
+	})
+	if err != nil {
+		return c, fmt.Errorf("waiting for %d workers to connect: %w", cfg.NumWorkers, err)
+	}
+	c.log.Info().Int("workers", cfg.NumWorkers).Msg("workers connected")
+	return c, nil
+}
+
+// all is every process of the cluster, agents first.
+func (c *cluster) all() []*process {
+	ps := slices.Clone(c.agents)
+	if c.dispatcher != nil {
+		ps = append(ps, c.dispatcher)
+	}
+	return ps
+}
+
+// agentLogs are the paths of the agents' stdout logs.
+func (c *cluster) agentLogs() []string {
+	var paths []string
+	for _, a := range c.agents {
+		paths = append(paths, a.stdoutPath)
+	}
+	return paths
+}
+
+// stop ends the agents, all at once, then the dispatcher, so that no agent is left
+// reconnecting to a dispatcher that is gone. Idempotent.
+func (c *cluster) stop() error {
+	c.stopOnce.Do(func() {
+		errs := make([]error, len(c.agents))
+		var wg sync.WaitGroup
+		for i, a := range c.agents {
+			wg.Go(func() { errs[i] = a.stop(c.stopGrace) })
+		}
+		wg.Wait()
+		if c.dispatcher != nil {
+			errs = append(errs, c.dispatcher.stop(c.stopGrace))
+		}
+		c.stopErr = errors.Join(errs...)
+		if c.stopErr != nil {
+			c.log.Warn().Err(c.stopErr).Msg("cluster stopped uncleanly")
+		} else if len(c.all()) > 0 {
+			c.log.Info().Msg("cluster stopped")
+		}
+	})
+	return c.stopErr
+}
+
+// freeLoopbackAddr picks a free TCP port on 127.0.0.1. Another process may take it
+// before the dispatcher binds it; startCluster retries then.
+func freeLoopbackAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("picking a port for the dispatcher: %w", err)
+	}
+	addr := l.Addr().String()
+	return addr, l.Close()
+}
+
+// waitUntil calls check every pollInterval until it returns nil, timeout passes, ctx
+// ends, or one of procs exits.
+func waitUntil(ctx context.Context, timeout time.Duration, procs []*process, check func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	t := time.NewTicker(pollInterval)
+	defer t.Stop()
+	var lastErr error // the last failed check that was not cut short by ctx
+	for {
+		err := check(ctx)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() == nil || lastErr == nil {
+			lastErr = err
+		}
+		for _, p := range procs {
+			if p.exited() {
+				return errors.New(p.describeExit())
+			}
+		}
+		select {
+		case <-ctx.Done():
+			if context.Cause(ctx) == context.DeadlineExceeded {
+				return fmt.Errorf("not ready after %v; last check: %w", timeout, lastErr)
+			}
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+func getJSON(ctx context.Context, client *http.Client, url string, v any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: HTTP %d", url, resp.StatusCode)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		return fmt.Errorf("GET %s: %w", url, err)
+	}
+	return nil
+}
+
+// checkHealth succeeds when GET /health answers 200 {"message":"OK"}.
+func checkHealth(ctx context.Context, client *http.Client, baseURL string) error {
+	var body struct {
+		Message string `json:"message"`
+	}
+	if err := getJSON(ctx, client, baseURL+"/health", &body); err != nil {
+		return err
+	}
+	if body.Message != "OK" {
+		return fmt.Errorf("GET /health: message %q, want \"OK\"", body.Message)
+	}
+	return nil
+}
+
+// checkWorkers succeeds when GET /workers lists every id in want.
+func checkWorkers(ctx context.Context, client *http.Client, baseURL string, want []string) error {
+	var body struct {
+		Workers []string `json:"workers"`
+	}
+	if err := getJSON(ctx, client, baseURL+"/workers", &body); err != nil {
+		return err
+	}
+	var missing []string
+	for _, id := range want {
+		if !slices.Contains(body.Workers, id) {
+			missing = append(missing, id)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("GET /workers lists %v; not yet %v", body.Workers, missing)
+	}
+	return nil
+}
+
+// openLogs opens the files at paths for reading; the caller closes them.
+func openLogs(paths []string) ([]*os.File, error) {
+	var files []*os.File
+	for _, p := range paths {
+		f, err := os.Open(p)
+		if err != nil {
+			for _, f := range files {
+				f.Close()
+			}
+			return nil, err
+		}
+		files = append(files, f)
+	}
+	return files, nil
+}

@@ -1,0 +1,191 @@
+package live
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// Config is one `benchmark run`. DefaultConfig holds the seed's defaults; fields whose
+// zero value means something else say so. Validation errors name the command-line
+// flag of the field.
+type Config struct {
+	// RepoDir is the repository the binaries are built from (--repo). Zero means the
+	// nearest directory holding go.work at or above the working directory.
+	RepoDir string
+	// BinDir holds prebuilt "dispatcher" and "worker-agent" binaries (--bin-dir). Zero
+	// means build them from RepoDir into a temporary directory removed at the end.
+	BinDir string
+	// OutDir receives each run's logs and records, one subdirectory per mode (--out).
+	// Zero means a new directory under os.TempDir.
+	OutDir string
+
+	// NumWorkers is how many worker agents run (--num-workers, NUM_WORKERS).
+	NumWorkers int
+	// MaxLabels and Slots are each agent's label capacity and concurrent tasks
+	// (--max-labels, --slots).
+	MaxLabels, Slots int
+	// RandomDispatch runs the dispatcher's random baseline instead of label routing
+	// (--random-dispatch, RANDOM_DISPATCH). Ignored with Compare.
+	RandomDispatch bool
+	// Compare runs routing, then random dispatch, with the same seed (--compare).
+	Compare bool
+	// LogLevel is the dispatcher's --log-level (--log-level), and the agents' when it
+	// is debug or trace; the agents never log quieter than info, the level of the
+	// records the summary reads. Zero means "info".
+	LogLevel string
+	// TaskTimeout is passed to the dispatcher as --task-timeout (--task-timeout). Zero
+	// means the flag is not passed and the dispatcher's default applies.
+	TaskTimeout time.Duration
+	// SimLoadTime, SimLoadJitter, SimRunTime and SimRunJitter drive the agents'
+	// simulated backend, before TimeScale (--sim-load-time, --sim-load-jitter,
+	// --sim-run-time, --sim-run-jitter).
+	SimLoadTime, SimLoadJitter, SimRunTime, SimRunJitter time.Duration
+
+	// Requests is the total number of requests (--requests).
+	Requests int
+	// Producers is the number of concurrent closed-loop producers (--producers).
+	Producers int
+	// WaitAvg and WaitStddev shape each producer's pause after a request: the seed's
+	// max(100 ms, normal(WaitAvg, WaitStddev)), before TimeScale (--wait-avg,
+	// --wait-stddev, in seconds on the command line).
+	WaitAvg, WaitStddev time.Duration
+	// Labels is the number of labels, named label-1 to label-N (--labels).
+	Labels int
+	// TaskTypes are chosen uniformly per request (--task-types, comma-separated).
+	TaskTypes []string
+	// SyncShare is the share of synchronous requests (--sync-share).
+	SyncShare float64
+	// Seed drives the producers and, offset per worker, the agents (--seed).
+	Seed int64
+	// TimeScale multiplies every duration of the workload: pauses, and the simulated
+	// load and run times (--time-scale).
+	TimeScale float64
+	// RequestTimeout bounds one request, polling included (--request-timeout). Zero
+	// means no bound.
+	RequestTimeout time.Duration
+
+	// ReadyTimeout bounds the wait for the dispatcher's health and the workers'
+	// connections (--ready-timeout). Zero means 30 s.
+	ReadyTimeout time.Duration
+	// StopTimeout is how long a process may take to exit after SIGTERM before it is
+	// killed (--stop-timeout). Zero means 10 s.
+	StopTimeout time.Duration
+
+	// JSON writes the result as JSON instead of text (--json).
+	JSON bool
+	// ChartPath, when set, receives an SVG chart of the comparison (--chart); it
+	// needs Compare.
+	ChartPath string
+	// Progress receives a progress bar during the requests. Zero means none.
+	Progress io.Writer
+	// Logger receives the runner's own log. Zero means no log.
+	Logger zerolog.Logger
+
+	// onProcessStart, when set, is told of every child process started. For tests.
+	onProcessStart func(name string, pid int)
+}
+
+// DefaultConfig is the seed's benchmark: 2 workers holding 2 labels each, 10
+// requests from 2 producers pausing 1 ± 0.5 s, 4 labels, a 400 ms load and a 50 ms run.
+func DefaultConfig() Config {
+	return Config{
+		NumWorkers:     2,
+		MaxLabels:      2,
+		Slots:          1,
+		LogLevel:       "info",
+		SimLoadTime:    400 * time.Millisecond,
+		SimLoadJitter:  50 * time.Millisecond,
+		SimRunTime:     50 * time.Millisecond,
+		SimRunJitter:   10 * time.Millisecond,
+		Requests:       10,
+		Producers:      2,
+		WaitAvg:        time.Second,
+		WaitStddev:     500 * time.Millisecond,
+		Labels:         4,
+		TaskTypes:      []string{"sample_task"},
+		SyncShare:      1,
+		Seed:           1,
+		TimeScale:      1,
+		RequestTimeout: 2 * time.Minute,
+		ReadyTimeout:   30 * time.Second,
+		StopTimeout:    10 * time.Second,
+	}
+}
+
+func (c Config) withDefaults() Config {
+	if c.LogLevel == "" {
+		c.LogLevel = "info"
+	}
+	if c.ReadyTimeout == 0 {
+		c.ReadyTimeout = 30 * time.Second
+	}
+	if c.StopTimeout == 0 {
+		c.StopTimeout = 10 * time.Second
+	}
+	return c
+}
+
+// Validate checks c; each error names the flag to fix.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	atLeast1 := func(flag string, v int) {
+		if v < 1 {
+			bad("%s must be at least 1, got %d", flag, v)
+		}
+	}
+	notNegative := func(flag string, d time.Duration) {
+		if d < 0 {
+			bad("%s must not be negative, got %v", flag, d)
+		}
+	}
+	atLeast1("--requests", c.Requests)
+	atLeast1("--producers", c.Producers)
+	atLeast1("--num-workers (NUM_WORKERS)", c.NumWorkers)
+	atLeast1("--max-labels", c.MaxLabels)
+	atLeast1("--slots", c.Slots)
+	atLeast1("--labels", c.Labels)
+	notNegative("--wait-avg", c.WaitAvg)
+	notNegative("--wait-stddev", c.WaitStddev)
+	notNegative("--sim-load-time", c.SimLoadTime)
+	notNegative("--sim-load-jitter", c.SimLoadJitter)
+	notNegative("--sim-run-time", c.SimRunTime)
+	notNegative("--sim-run-jitter", c.SimRunJitter)
+	notNegative("--task-timeout", c.TaskTimeout)
+	notNegative("--request-timeout", c.RequestTimeout)
+	notNegative("--ready-timeout", c.ReadyTimeout)
+	notNegative("--stop-timeout", c.StopTimeout)
+	if !(c.SyncShare >= 0 && c.SyncShare <= 1) {
+		bad("--sync-share must be within [0, 1], got %v", c.SyncShare)
+	}
+	if !(c.TimeScale > 0) || math.IsInf(c.TimeScale, 0) {
+		bad("--time-scale must be a positive number, got %v", c.TimeScale)
+	}
+	if len(c.TaskTypes) == 0 {
+		bad("--task-types must name at least one task type")
+	}
+	for _, t := range c.TaskTypes {
+		if strings.TrimSpace(t) == "" {
+			bad("--task-types must not hold an empty name, got %q", strings.Join(c.TaskTypes, ","))
+			break
+		}
+	}
+	if c.LogLevel != "" {
+		if _, err := zerolog.ParseLevel(c.LogLevel); err != nil {
+			bad("--log-level: %v", err)
+		}
+	}
+	if c.ChartPath != "" && !c.Compare {
+		bad("--chart needs --compare")
+	}
+	if c.RepoDir != "" && c.BinDir != "" {
+		bad("--repo and --bin-dir exclude each other: --bin-dir uses prebuilt binaries")
+	}
+	return errors.Join(errs...)
+}

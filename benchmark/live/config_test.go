@@ -1,0 +1,161 @@
+package live
+
+import (
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestDefaultConfigValid(t *testing.T) {
+	t.Parallel()
+	if err := DefaultConfig().Validate(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestValidateNamesTheFlag(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		mutate func(*Config)
+		flag   string
+	}{
+		{func(c *Config) { c.Requests = 0 }, "--requests"},
+		{func(c *Config) { c.Producers = -1 }, "--producers"},
+		{func(c *Config) { c.NumWorkers = 0 }, "--num-workers (NUM_WORKERS)"},
+		{func(c *Config) { c.MaxLabels = 0 }, "--max-labels"},
+		{func(c *Config) { c.Slots = 0 }, "--slots"},
+		{func(c *Config) { c.Labels = 0 }, "--labels"},
+		{func(c *Config) { c.WaitAvg = -time.Second }, "--wait-avg"},
+		{func(c *Config) { c.WaitStddev = -time.Second }, "--wait-stddev"},
+		{func(c *Config) { c.SimLoadTime = -1 }, "--sim-load-time"},
+		{func(c *Config) { c.SimRunJitter = -1 }, "--sim-run-jitter"},
+		{func(c *Config) { c.TaskTimeout = -1 }, "--task-timeout"},
+		{func(c *Config) { c.RequestTimeout = -1 }, "--request-timeout"},
+		{func(c *Config) { c.SyncShare = 1.1 }, "--sync-share"},
+		{func(c *Config) { c.SyncShare = math.NaN() }, "--sync-share"},
+		{func(c *Config) { c.TimeScale = 0 }, "--time-scale"},
+		{func(c *Config) { c.TimeScale = math.Inf(1) }, "--time-scale"},
+		{func(c *Config) { c.TaskTypes = nil }, "--task-types"},
+		{func(c *Config) { c.TaskTypes = []string{"a", ""} }, "--task-types"},
+		{func(c *Config) { c.LogLevel = "loud" }, "--log-level"},
+		{func(c *Config) { c.ChartPath = "x.svg" }, "--chart needs --compare"},
+		{func(c *Config) { c.RepoDir, c.BinDir = "a", "b" }, "--repo and --bin-dir"},
+	}
+	for _, tt := range tests {
+		c := DefaultConfig()
+		tt.mutate(&c)
+		err := c.Validate()
+		if err == nil || !strings.Contains(err.Error(), tt.flag) {
+			t.Errorf("err = %v, want one naming %s", err, tt.flag)
+		}
+	}
+	// All problems at once, one per line.
+	c := DefaultConfig()
+	c.Requests, c.Labels = 0, 0
+	if err := c.Validate(); err == nil || strings.Count(err.Error(), "\n") != 1 {
+		t.Errorf("err = %v, want two lines", err)
+	}
+}
+
+func TestAgentArgsScaled(t *testing.T) {
+	t.Parallel()
+	c := DefaultConfig()
+	c.TimeScale = 0.1
+	c.Seed = 5
+	c.MaxLabels = 3
+	got := agentArgs(c, "127.0.0.1:9", 2)
+	want := []string{
+		"--dispatcher-url", "ws://127.0.0.1:9/worker-listen",
+		"--worker-id", "bench-worker-2",
+		"--max-labels", "3",
+		"--slots", "1",
+		"--backend", "sim",
+		"--sim-load-time", "40ms",
+		"--sim-load-jitter", "5ms",
+		"--sim-run-time", "5ms",
+		"--sim-run-jitter", "1ms",
+		"--seed", "7",
+		"--log-level", "info",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("agentArgs =\n%q\nwant\n%q", got, want)
+	}
+}
+
+func TestDispatcherArgs(t *testing.T) {
+	t.Parallel()
+	c := DefaultConfig()
+	if got, want := dispatcherArgs(c, "127.0.0.1:9", true), []string{"--addr", "127.0.0.1:9", "--random-dispatch=true", "--log-level", "info"}; !slices.Equal(got, want) {
+		t.Errorf("dispatcherArgs = %q, want %q", got, want)
+	}
+	c.TaskTimeout = 90 * time.Second
+	c.LogLevel = "warn"
+	if got, want := dispatcherArgs(c, "a:1", false), []string{"--addr", "a:1", "--random-dispatch=false", "--log-level", "warn", "--task-timeout", "1m30s"}; !slices.Equal(got, want) {
+		t.Errorf("dispatcherArgs = %q, want %q", got, want)
+	}
+}
+
+func TestAgentLogLevel(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{"": "info", "info": "info", "warn": "info", "error": "info", "debug": "debug", "trace": "debug", "bogus": "info"} {
+		if got := agentLogLevel(in); got != want {
+			t.Errorf("agentLogLevel(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestChildEnv(t *testing.T) {
+	// Not parallel: it sets environment variables.
+	t.Setenv("RANDOM_DISPATCH", "true")
+	t.Setenv("POLICY", "random")
+	t.Setenv("LABELS", "label-9")
+	t.Setenv("GOMAXPROCS", "3")
+	env := childEnv()
+	for _, kv := range env {
+		name, _, _ := strings.Cut(kv, "=")
+		if !slices.Contains(childEnvKeep, name) {
+			t.Errorf("child env holds %s", kv)
+		}
+	}
+	if !slices.Contains(env, "GOMAXPROCS=3") {
+		t.Errorf("child env lacks GOMAXPROCS: %q", env)
+	}
+}
+
+func TestFindRepoRoot(t *testing.T) {
+	t.Parallel()
+	root, err := FindRepoRoot(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "go.work")); err != nil {
+		t.Fatalf("root %q: %v", root, err)
+	}
+	if _, err := FindRepoRoot(t.TempDir()); err == nil || !strings.Contains(err.Error(), "--repo") {
+		t.Errorf("err = %v, want one pointing at --repo", err)
+	}
+}
+
+func TestPrebuiltChecks(t *testing.T) {
+	t.Parallel()
+	_, err := prebuilt(t.TempDir())
+	if err == nil || !strings.Contains(err.Error(), "--bin-dir") || !strings.Contains(err.Error(), "worker-agent") {
+		t.Errorf("err = %v, want both missing binaries named under --bin-dir", err)
+	}
+}
+
+func TestBuildFailureCarriesOutput(t *testing.T) {
+	t.Parallel()
+	repo := t.TempDir()
+	if err := os.WriteFile(filepath.Join(repo, "go.work"), []byte("go 1.26\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Build(t.Context(), repo, t.TempDir())
+	if err == nil || !strings.Contains(err.Error(), "go build ./dispatcher/cmd/dispatcher") || !strings.Contains(err.Error(), "dispatcher") {
+		t.Fatalf("err = %v, want the failed command and its output", err)
+	}
+}

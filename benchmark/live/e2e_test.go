@@ -1,0 +1,234 @@
+//go:build unix
+
+package live
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"encoding/xml"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/smartroute/smartroute/benchmark/report"
+)
+
+// pidLog records the processes a run starts.
+type pidLog struct {
+	mu    sync.Mutex
+	procs []string // "name pid"
+	pids  []int
+}
+
+func (l *pidLog) started(name string, pid int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.procs = append(l.procs, fmt.Sprintf("%s %d", name, pid))
+	l.pids = append(l.pids, pid)
+}
+
+// assertAllGone checks that every process the run started is gone: they are our
+// children and reaped, so no polling is needed.
+func (l *pidLog) assertAllGone(t *testing.T, want int) {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.pids) != want {
+		t.Errorf("%d processes started (%v), want %d", len(l.pids), l.procs, want)
+	}
+	for i, pid := range l.pids {
+		if !gone(pid) {
+			t.Errorf("%s still runs", l.procs[i])
+		}
+	}
+}
+
+// e2eConfig is a small, fast run: 2 workers, 40 requests, at 2% of real time.
+func e2eConfig(t *testing.T, binDir string, pids *pidLog) Config {
+	cfg := DefaultConfig()
+	cfg.BinDir = binDir
+	cfg.OutDir = t.TempDir()
+	cfg.NumWorkers = 2
+	cfg.Requests = 40
+	cfg.TimeScale = 0.02
+	cfg.onProcessStart = pids.started
+	return cfg
+}
+
+// TestEndToEnd runs the real dispatcher and worker agent. It builds them from this
+// repository first and fails, not skips, when they do not build.
+func TestEndToEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("skipped under -short: builds and runs the real dispatcher and worker agent")
+	}
+	t.Parallel()
+	repo, err := FindRepoRoot(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	binDir := t.TempDir()
+	if _, err := Build(t.Context(), repo, binDir); err != nil {
+		t.Fatalf("the end-to-end test needs the dispatcher and the worker agent to build:\n%v", err)
+	}
+
+	t.Run("routing", func(t *testing.T) {
+		t.Parallel()
+		pids := &pidLog{}
+		cfg := e2eConfig(t, binDir, pids)
+		results, err := Measure(t.Context(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pids.assertAllGone(t, 1+cfg.NumWorkers)
+		if len(results) != 1 {
+			t.Fatalf("%d results, want 1", len(results))
+		}
+		r := results[0]
+		if r.Mode != report.ModeRouting {
+			t.Errorf("mode %q", r.Mode)
+		}
+		ps, ws := r.Producer, r.Worker
+		if ps.Requests != 40 || ps.Failed != 0 || ps.Sync != 40 || ps.Dispatched != 40 || ps.Completed != 40 {
+			t.Errorf("producer summary: %+v", ps)
+		}
+		if ws.TasksCompleted != 40 || ws.TasksFailed != 0 {
+			t.Errorf("worker logs: %d completed, %d failed, want 40 and 0", ws.TasksCompleted, ws.TasksFailed)
+		}
+		if len(ws.Workers) != cfg.NumWorkers {
+			t.Errorf("worker logs name %d workers: %v", len(ws.Workers), ws.Workers)
+		}
+		// Every label used must have been loaded at least once, and the workers'
+		// account of the misses must agree with the dispatcher's answers.
+		labels := map[string]bool{}
+		records := readRecords(t, filepath.Join(r.OutDir, recordsFile))
+		for _, rec := range records {
+			labels[rec["label"].(string)] = true
+		}
+		if len(records) != 40 {
+			t.Errorf("%d records on disk, want 40", len(records))
+		}
+		if ws.LabelMisses < len(labels) || ws.LabelMisses > 40 {
+			t.Errorf("%d label misses for %d labels used", ws.LabelMisses, len(labels))
+		}
+		if ws.LabelMisses != ps.LabelMisses {
+			t.Errorf("worker logs count %d misses, the dispatcher's answers %d", ws.LabelMisses, ps.LabelMisses)
+		}
+		if ws.AvgTaskRuntime <= 0 || ps.Latency.P50 <= 0 || ps.Throughput <= 0 {
+			t.Errorf("runtime %v, p50 %v, throughput %v: want all positive", ws.AvgTaskRuntime, ps.Latency.P50, ps.Throughput)
+		}
+		if notes := report.Notes(r); len(notes) > 0 {
+			t.Errorf("notes: %q", notes)
+		}
+		if _, err := os.Stat(filepath.Join(r.OutDir, summaryFile)); err != nil {
+			t.Error(err)
+		}
+	})
+
+	t.Run("compare writes JSON and a chart", func(t *testing.T) {
+		t.Parallel()
+		pids := &pidLog{}
+		cfg := e2eConfig(t, binDir, pids)
+		cfg.Compare = true
+		cfg.JSON = true
+		cfg.ChartPath = filepath.Join(t.TempDir(), "chart.svg")
+		var stdout bytes.Buffer
+		if err := Run(t.Context(), cfg, &stdout); err != nil {
+			t.Fatal(err)
+		}
+		pids.assertAllGone(t, 2*(1+cfg.NumWorkers))
+		var got map[string]struct {
+			Mode   string `json:"mode"`
+			Worker struct {
+				TasksCompleted int `json:"tasks_completed"`
+			} `json:"worker"`
+			Producer struct {
+				Failed int `json:"failed"`
+			} `json:"producer"`
+		}
+		dec := json.NewDecoder(&stdout)
+		if err := dec.Decode(&got); err != nil {
+			t.Fatalf("stdout is not one JSON object: %v", err)
+		}
+		if dec.More() {
+			t.Error("stdout holds more than the JSON object")
+		}
+		for _, mode := range []string{report.ModeRouting, report.ModeRandom} {
+			if r := got[mode]; r.Mode != mode || r.Worker.TasksCompleted != 40 || r.Producer.Failed != 0 {
+				t.Errorf("%s: %+v", mode, r)
+			}
+		}
+		svg, err := os.ReadFile(cfg.ChartPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var root struct{ XMLName xml.Name }
+		if err := xml.Unmarshal(svg, &root); err != nil || root.XMLName.Local != "svg" {
+			t.Errorf("chart: root %v, err %v", root.XMLName, err)
+		}
+	})
+
+	t.Run("interrupted during startup", func(t *testing.T) {
+		t.Parallel()
+		pids := &pidLog{}
+		cfg := e2eConfig(t, binDir, pids)
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		cfg.onProcessStart = func(name string, pid int) {
+			pids.started(name, pid)
+			if name == agentID(cfg.NumWorkers) {
+				cancel() // Ctrl-C while the workers connect
+			}
+		}
+		_, err := Measure(ctx, cfg)
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("err = %v, want context.Canceled", err)
+		}
+		pids.assertAllGone(t, 1+cfg.NumWorkers)
+	})
+
+	t.Run("interrupted during the requests", func(t *testing.T) {
+		t.Parallel()
+		pids := &pidLog{}
+		cfg := e2eConfig(t, binDir, pids)
+		cfg.Requests = 5000 // far longer than the first progress redraw
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		cfg.Progress = writerFunc(func(p []byte) (int, error) {
+			cancel() // Ctrl-C once the producers run
+			return len(p), nil
+		})
+		_, err := Measure(ctx, cfg)
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("err = %v, want context.Canceled", err)
+		}
+		pids.assertAllGone(t, 1+cfg.NumWorkers)
+	})
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+func readRecords(t *testing.T, path string) []map[string]any {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []map[string]any
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var m map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		out = append(out, m)
+	}
+	return out
+}

@@ -1,0 +1,113 @@
+package report
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"strings"
+	"time"
+)
+
+// Comparison is routing and random dispatch measured back to back with the same seed.
+type Comparison struct {
+	Routing, Random Result
+}
+
+// Ratio is a comparison of one metric: how many times better routing did.
+type Ratio struct {
+	// Value is the metric's ratio in routing's favour: random/routing for misses,
+	// runtimes and latencies, routing/random for throughput. It is +Inf when routing
+	// scored zero and random did not, and NaN when both scored zero.
+	Value float64
+	// Text says it in words, such as "9.4x fewer misses".
+	Text string
+}
+
+// lowerIsBetter compares a metric where routing should score lower.
+func lowerIsBetter(routing, random float64, better, worse string) Ratio {
+	return ratio(random, routing, better, worse)
+}
+
+// higherIsBetter compares a metric where routing should score higher.
+func higherIsBetter(routing, random float64, better, worse string) Ratio {
+	return ratio(routing, random, better, worse)
+}
+
+// ratio is num/den described with better when ≥ 1 and worse (inverted) when < 1.
+func ratio(num, den float64, better, worse string) Ratio {
+	switch {
+	case num == 0 && den == 0:
+		return Ratio{Value: math.NaN(), Text: "same (both zero)"}
+	case den == 0:
+		return Ratio{Value: math.Inf(1), Text: "∞ " + better}
+	case num == 0:
+		return Ratio{Value: 0, Text: "∞ " + worse}
+	}
+	v := num / den
+	if v >= 1 {
+		return Ratio{Value: v, Text: fmt.Sprintf("%.1fx %s", v, better)}
+	}
+	return Ratio{Value: v, Text: fmt.Sprintf("%.1fx %s", 1/v, worse)}
+}
+
+func durRatio(routing, random time.Duration) Ratio {
+	return lowerIsBetter(routing.Seconds(), random.Seconds(), "lower", "higher")
+}
+
+// Misses compares label misses: random/routing.
+func (c Comparison) Misses() Ratio {
+	return lowerIsBetter(float64(c.Routing.Worker.LabelMisses), float64(c.Random.Worker.LabelMisses), "fewer misses", "more misses")
+}
+
+// Runtime compares the average task runtime: random/routing.
+func (c Comparison) Runtime() Ratio {
+	return lowerIsBetter(c.Routing.Worker.AvgTaskRuntime.Seconds(), c.Random.Worker.AvgTaskRuntime.Seconds(), "shorter", "longer")
+}
+
+// P95 compares the p95 end-to-end latency: random/routing.
+func (c Comparison) P95() Ratio {
+	return durRatio(c.Routing.Producer.Latency.P95, c.Random.Producer.Latency.P95)
+}
+
+// Throughput compares completed tasks per second: routing/random.
+func (c Comparison) Throughput() Ratio {
+	return higherIsBetter(c.Routing.Producer.Throughput, c.Random.Producer.Throughput, "higher", "lower")
+}
+
+// WriteComparison writes each run in the seed's layout, then the two side by side.
+func WriteComparison(w io.Writer, c Comparison) error {
+	ew := &errWriter{w: w}
+	for _, r := range []Result{c.Routing, c.Random} {
+		ew.printf("==== %s ====\n", r.Mode)
+		if ew.err == nil {
+			ew.err = WriteText(w, r)
+		}
+		ew.printf("\n")
+	}
+	ew.printf("==== routing vs random ====\n%s\n\n", c.Routing.Settings.Describe())
+	if ew.err != nil {
+		return ew.err
+	}
+
+	row := func(name, routing, random, ratio string) {
+		line := fmt.Sprintf("%-24s%14s%14s   %s", name, routing, random, ratio)
+		ew.printf("%s\n", strings.TrimRight(line, " "))
+	}
+	rt, rd := c.Routing, c.Random
+	s := func(d time.Duration) string { return secs(d) + " s" }
+	row("", "routing", "random", "ratio")
+	row("Total Label Misses", fmt.Sprint(rt.Worker.LabelMisses), fmt.Sprint(rd.Worker.LabelMisses), c.Misses().Text)
+	row("Tasks Completed", fmt.Sprint(rt.Worker.TasksCompleted), fmt.Sprint(rd.Worker.TasksCompleted), "")
+	row("Average Task Runtime", s(rt.Worker.AvgTaskRuntime), s(rd.Worker.AvgTaskRuntime), c.Runtime().Text)
+	if rt.Settings.TimeScale != 1 && rt.Settings.TimeScale > 0 {
+		row("  at time-scale 1", s(rt.Settings.unscaled(rt.Worker.AvgTaskRuntime)), s(rd.Settings.unscaled(rd.Worker.AvgTaskRuntime)), "")
+	}
+	row("Total Failed Requests", fmt.Sprint(rt.Producer.Failed), fmt.Sprint(rd.Producer.Failed), "")
+	row("Mean Latency", s(rt.Producer.Latency.Mean), s(rd.Producer.Latency.Mean), durRatio(rt.Producer.Latency.Mean, rd.Producer.Latency.Mean).Text)
+	row("p50 Latency", s(rt.Producer.Latency.P50), s(rd.Producer.Latency.P50), durRatio(rt.Producer.Latency.P50, rd.Producer.Latency.P50).Text)
+	row("p95 Latency", s(rt.Producer.Latency.P95), s(rd.Producer.Latency.P95), c.P95().Text)
+	row("p99 Latency", s(rt.Producer.Latency.P99), s(rd.Producer.Latency.P99), durRatio(rt.Producer.Latency.P99, rd.Producer.Latency.P99).Text)
+	row("Throughput", fmt.Sprintf("%.2f /s", rt.Producer.Throughput), fmt.Sprintf("%.2f /s", rd.Producer.Throughput), c.Throughput().Text)
+	row("Wall Time", fmt.Sprintf("%.1f s", rt.Producer.Wall.Seconds()), fmt.Sprintf("%.1f s", rd.Producer.Wall.Seconds()), "")
+	return ew.err
+}

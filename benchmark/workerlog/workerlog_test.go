@@ -1,0 +1,127 @@
+package workerlog
+
+import (
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"testing/iotest"
+	"time"
+)
+
+func openFixtures(t *testing.T, names ...string) []io.Reader {
+	t.Helper()
+	var rs []io.Reader
+	for _, n := range names {
+		f, err := os.Open(filepath.Join("testdata", n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		rs = append(rs, f)
+	}
+	return rs
+}
+
+func TestSummarizeFixtures(t *testing.T) {
+	t.Parallel()
+	s, err := Summarize(openFixtures(t, "bench-worker-1.log", "bench-worker-2.log")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Misses: r-1 (event + completed, once), r-3 (event + failed task, once),
+	// r-6 (completed only), r-8 (event + completed, once).
+	if s.LabelMisses != 4 {
+		t.Errorf("LabelMisses = %d, want 4", s.LabelMisses)
+	}
+	// Completed ok: r-1, r-2, r-4, r-6, r-7, r-8; r-3 failed; r-5 does not decode.
+	if s.TasksCompleted != 6 || s.TasksFailed != 1 {
+		t.Errorf("TasksCompleted, TasksFailed = %d, %d, want 6, 1", s.TasksCompleted, s.TasksFailed)
+	}
+	// total_ms: 450 + 50 + 60 + 440 + 0 + (420+30, no total_ms) = 1450 over 6 tasks.
+	if want := ms(1450.0 / 6); s.AvgTaskRuntime != want {
+		t.Errorf("AvgTaskRuntime = %v, want %v", s.AvgTaskRuntime, want)
+	}
+	// Loads of the completed misses: r-1 401.5, r-6 400, r-8 420.
+	if want := ms(1221.5 / 3); s.AvgLoadTime != want {
+		t.Errorf("AvgLoadTime = %v, want %v", s.AvgLoadTime, want)
+	}
+	if want := ms(228.5 / 6); s.AvgRunTime != want {
+		t.Errorf("AvgRunTime = %v, want %v", s.AvgRunTime, want)
+	}
+	want := map[string]WorkerStats{
+		"bench-worker-1": {LabelMisses: 2, TasksCompleted: 3, TasksFailed: 1},
+		"bench-worker-2": {LabelMisses: 2, TasksCompleted: 3},
+	}
+	if len(s.Workers) != len(want) {
+		t.Errorf("Workers = %v, want %v", s.Workers, want)
+	}
+	for id, w := range want {
+		if s.Workers[id] != w {
+			t.Errorf("Workers[%s] = %+v, want %+v", id, s.Workers[id], w)
+		}
+	}
+	// Skipped: the plain line, the truncated line and r-5 in log 1; the banner and
+	// the array in log 2.
+	if s.Skipped != 5 {
+		t.Errorf("Skipped = %d, want 5", s.Skipped)
+	}
+}
+
+func TestSummarizeTable(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name              string
+		log               string
+		misses, completed int
+		avgRuntime        time.Duration
+	}{
+		{name: "empty", log: ""},
+		{name: "only noise", log: "hello\n{\"level\":\"info\",\"message\":\"up\"}\n{not json}\n"},
+		{
+			name:       "ok missing counts as completed",
+			log:        `{"event":"task_completed","worker_id":"w","task_id":"t","total_ms":10}`,
+			completed:  1,
+			avgRuntime: 10 * time.Millisecond,
+		},
+		{
+			name:   "a miss without task id is never merged",
+			log:    `{"event":"label_miss","worker_id":"w"}` + "\n" + `{"event":"label_miss","worker_id":"w"}`,
+			misses: 2,
+		},
+		{
+			name: "the same task missing on two workers is two misses",
+			log: `{"event":"label_miss","worker_id":"w1","task_id":"t"}` + "\n" +
+				`{"event":"label_miss","worker_id":"w2","task_id":"t"}`,
+			misses: 2,
+		},
+		{
+			name:       "no trailing newline and CRLF",
+			log:        "{\"event\":\"task_completed\",\"task_id\":\"a\",\"total_ms\":1,\"ok\":true}\r\n{\"event\":\"task_completed\",\"task_id\":\"b\",\"total_ms\":3,\"ok\":true}",
+			completed:  2,
+			avgRuntime: 2 * time.Millisecond,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			s, err := Summarize(strings.NewReader(tt.log))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.LabelMisses != tt.misses || s.TasksCompleted != tt.completed || s.AvgTaskRuntime != tt.avgRuntime {
+				t.Errorf("got misses %d completed %d avg %v, want %d %d %v",
+					s.LabelMisses, s.TasksCompleted, s.AvgTaskRuntime, tt.misses, tt.completed, tt.avgRuntime)
+			}
+		})
+	}
+}
+
+func TestSummarizeReaderError(t *testing.T) {
+	t.Parallel()
+	_, err := Summarize(strings.NewReader("{}\n"), iotest.ErrReader(io.ErrUnexpectedEOF))
+	if err == nil || !strings.Contains(err.Error(), "log 2") {
+		t.Fatalf("err = %v, want an error naming log 2", err)
+	}
+}
