@@ -121,7 +121,13 @@ func (d *Dispatcher) runTask(c echo.Context) error {
 		return err
 	}
 	if !spec.returnResult {
-		return c.JSON(http.StatusAccepted, map[string]string{"task_id": rec.sched.ID, "status": statusQueued})
+		v := d.hub.viewOf(rec)
+		return c.JSON(http.StatusAccepted, map[string]string{"task_id": v.TaskID, "status": v.Status})
+	}
+	select { // answered already (a resubmitted id): no timer needed
+	case <-rec.done:
+		return c.JSON(rec.answerStatus(), rec.view())
+	default:
 	}
 	// Wait for the answer. A producer that goes away leaves the task running; its
 	// result stays available from GET /tasks/{id}. The safety timer answers 504 if a
@@ -162,7 +168,11 @@ func (d *Dispatcher) uploadModel(c echo.Context) error {
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(c.Response(), c.Request().Body, d.cfg.MaxBodyBytes))
 	if err != nil {
-		return c.JSON(http.StatusRequestEntityTooLarge, errorBody{"upload request too large"})
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return c.JSON(http.StatusRequestEntityTooLarge, errorBody{fmt.Sprintf("upload request larger than %d bytes", d.cfg.MaxBodyBytes)})
+		}
+		return c.JSON(http.StatusBadRequest, errorBody{"reading body: " + err.Error()})
 	}
 	req, err := http.NewRequestWithContext(c.Request().Context(), http.MethodPost, d.cfg.UploaderURL+"/upload-model", bytes.NewReader(body))
 	if err != nil {
@@ -197,7 +207,7 @@ func (d *Dispatcher) RunExpiry(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			d.hub.expire()
+			d.hub.tick()
 		}
 	}
 }
@@ -234,11 +244,15 @@ func (d *Dispatcher) shutdown(srv *http.Server) error {
 	d.log.Info().Dur("timeout", d.cfg.ShutdownTimeout).Msg("shutting down: finishing in-flight tasks")
 	deadline, cancel := context.WithTimeout(context.Background(), d.cfg.ShutdownTimeout)
 	defer cancel()
+	// Handlers get a little longer than tasks, to write the 503s of tasks failed when
+	// the task deadline runs out.
+	httpDeadline, cancelHTTP := context.WithTimeout(context.Background(), d.cfg.ShutdownTimeout+2*time.Second)
+	defer cancelHTTP()
 	idle := d.hub.beginShutdown()
 	httpDone := make(chan error, 1)
 	// Shutdown closes the listener at once and waits for handlers, including
 	// producers waiting on their tasks; workers keep running those tasks meanwhile.
-	go func() { httpDone <- srv.Shutdown(deadline) }()
+	go func() { httpDone <- srv.Shutdown(httpDeadline) }()
 	select {
 	case <-idle:
 	case <-deadline.Done():
@@ -247,10 +261,11 @@ func (d *Dispatcher) shutdown(srv *http.Server) error {
 		}
 	}
 	conns := d.hub.closeWorkers(&Disconnect{Code: pb.CloseCode_CLOSE_CODE_SHUTDOWN, Reason: "dispatcher shutting down"})
+	closeBy := time.After(time.Second) // one bound for all close frames
 	for _, wc := range conns {
 		select {
 		case <-wc.written:
-		case <-time.After(time.Second):
+		case <-closeBy:
 		}
 	}
 	err := <-httpDone

@@ -89,7 +89,6 @@ func (h *hub) submit(spec taskSpec) (*taskRecord, error) {
 		params:       spec.params,
 		returnResult: spec.returnResult,
 		created:      now,
-		status:       statusQueued,
 		done:         make(chan struct{}),
 	}
 	rec.sched = scheduler.Task{ID: spec.id, Label: spec.label, Deadline: now.Add(timeout), Ref: rec}
@@ -135,7 +134,12 @@ func (h *hub) lookup(id string) (taskView, bool) {
 func (h *hub) apply(out *scheduler.Outcome) {
 	for _, a := range out.Assigned {
 		rec := a.Task.Ref.(*taskRecord)
-		rec.status = statusRunning
+		if rec.finished() {
+			// Finished records are read without the lock; the scheduler must have let
+			// go of them (Abandon, Cancel) before they were answered.
+			h.log.Error().Str("task_id", a.Task.ID).Msg("assignment of a finished task")
+			continue
+		}
 		rec.workerID = a.WorkerID
 		rec.queueTime = a.Task.Started.Sub(a.Task.Enqueued) // submit to the start of this attempt
 		wc := h.workers[a.WorkerID]
@@ -179,6 +183,8 @@ func (h *hub) finish(rec *taskRecord, status string, httpStatus int, errMsg stri
 	rec.status = status
 	rec.httpStatus = httpStatus
 	rec.errMsg = errMsg
+	// Retained records keep the answer, not the request: parameters can be large.
+	rec.params = nil
 	delete(h.active, rec.sched.ID)
 	h.finished.Add(rec.sched.ID, rec)
 	close(rec.done)
@@ -188,11 +194,20 @@ func (h *hub) finish(rec *taskRecord, status string, httpStatus int, errMsg stri
 	}
 }
 
-// expire fails queued tasks whose deadline passed.
-func (h *hub) expire() {
+// tick fails queued tasks whose deadline passed and lets free workers reconsider
+// tasks that have waited too long.
+func (h *hub) tick() {
 	h.mu.Lock()
 	h.apply(h.sched.Expire())
+	h.apply(h.sched.Rebalance())
 	h.mu.Unlock()
+}
+
+// viewOf snapshots a record under the lock.
+func (h *hub) viewOf(rec *taskRecord) taskView {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return rec.view()
 }
 
 // addWorker registers a connection after its hello. A live connection with the same
@@ -217,6 +232,7 @@ func (h *hub) addWorker(wc *workerConn, hello *pb.Hello) error {
 		Slots:       int(hello.GetSlots()),
 		Labels:      hello.GetHeldLabels(),
 		Unavailable: hello.GetUnavailable(),
+		Loadable:    hello.GetLoadableLabels(),
 	})
 	if err != nil {
 		delete(h.workers, wc.id)
@@ -270,7 +286,6 @@ func (h *hub) onResult(wc *workerConn, res *pb.TaskResult) {
 			h.log.Error().Err(err).Str("worker_id", wc.id).Str("task_id", res.GetTaskId()).Msg("requeue refused task")
 			return
 		}
-		rec.status = statusQueued
 		h.log.Debug().Str("worker_id", wc.id).Str("task_id", res.GetTaskId()).Str("reason", res.GetError()).Msg("worker refused task; requeued")
 		h.apply(out)
 		return
@@ -406,7 +421,10 @@ func (h *hub) failAll(reason string) int {
 	defer h.mu.Unlock()
 	n := 0
 	for _, rec := range h.active {
-		h.sched.Cancel(&rec.sched)
+		// Let go of the task first, so that no later event re-assigns an answered task.
+		if !h.sched.Cancel(&rec.sched) {
+			h.sched.Abandon(&rec.sched)
+		}
 		h.finish(rec, statusFailed, http.StatusServiceUnavailable, reason)
 		n++
 	}

@@ -26,7 +26,7 @@ type taskRecord struct {
 	returnResult bool
 	created      time.Time
 
-	status     string
+	status     string // empty until finished: live state comes from sched
 	workerID   string
 	labelMiss  bool
 	queueTime  time.Duration
@@ -60,12 +60,21 @@ type taskView struct {
 
 // view snapshots the record. Caller holds hub.mu or has received from done.
 func (r *taskRecord) view() taskView {
+	status, workerID := r.status, r.workerID
+	if !r.finished() {
+		// Unfinished tasks take their state from the scheduler, so a task requeued
+		// after its worker was lost reads as queued, not running on the lost worker.
+		status, workerID = statusQueued, ""
+		if r.sched.Running() {
+			status, workerID = statusRunning, r.sched.WorkerID()
+		}
+	}
 	return taskView{
 		TaskID:    r.sched.ID,
-		Status:    r.status,
+		Status:    status,
 		Label:     r.sched.Label,
 		TaskType:  r.taskType,
-		WorkerID:  r.workerID,
+		WorkerID:  workerID,
 		LabelMiss: r.labelMiss,
 		Attempts:  r.sched.Attempt,
 		QueueMS:   ms(r.queueTime),

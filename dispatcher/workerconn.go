@@ -210,6 +210,14 @@ func (wc *workerConn) writeLoop(cfg Config) {
 	ping := time.NewTicker(cfg.PingInterval)
 	defer ping.Stop()
 	for {
+		// A closing connection sends nothing more: its assignments are requeued.
+		select {
+		case <-wc.closing:
+			writeClose(ws, wc.reason, cfg.WriteTimeout)
+			ws.Close()
+			return
+		default:
+		}
 		select {
 		case b := <-wc.queue:
 			ws.SetWriteDeadline(time.Now().Add(cfg.WriteTimeout))

@@ -206,6 +206,8 @@ type WorkerSpec struct {
 	Labels []string
 	// Unavailable workers are known but take no tasks until SetAccepting(true).
 	Unavailable bool
+	// Loadable lists the labels the worker's backend can load; empty means any.
+	Loadable []string
 }
 
 // AddWorker registers a worker; it may take queued tasks at once.
@@ -219,6 +221,12 @@ func (s *Scheduler) AddWorker(spec WorkerSpec) (*Outcome, error) {
 	}
 	w := &worker{id: spec.ID, capacity: spec.MaxLabels, slots: spec.Slots, accepting: !spec.Unavailable,
 		freePos: -1, roomyPos: -1}
+	if len(spec.Loadable) > 0 {
+		w.loadable = make(map[string]struct{}, len(spec.Loadable))
+		for _, l := range spec.Loadable {
+			w.loadable[l] = struct{}{}
+		}
+	}
 	s.workers[spec.ID] = w
 	labels := spec.Labels
 	if len(labels) > w.capacity {
@@ -242,8 +250,7 @@ func (s *Scheduler) RemoveWorker(id string) (*Outcome, error) {
 	if !ok {
 		return out, fmt.Errorf("%w: %s", ErrUnknownWorker, id)
 	}
-	w.accepting = false
-	s.refreshFree(w)
+	s.setAccepting(w, false)
 	for len(w.held) > 0 {
 		s.dropHeld(w, len(w.held)-1)
 	}
@@ -261,12 +268,14 @@ func (s *Scheduler) RemoveWorker(id string) (*Outcome, error) {
 		}
 		s.enqueue(t, true)
 	}
-	// Free workers had nothing queued they wanted; the requeued tasks may suit them.
+	// Free workers had nothing queued they wanted; the requeued tasks, and tasks that
+	// waited for this worker's labels, may suit them now.
 	for _, t := range lost {
 		if t.state == stateQueued {
 			s.place(t)
 		}
 	}
+	s.offerFree()
 	return out, nil
 }
 
@@ -277,10 +286,31 @@ func (s *Scheduler) SetAccepting(id string, accepting bool) (*Outcome, error) {
 	if !ok {
 		return out, fmt.Errorf("%w: %s", ErrUnknownWorker, id)
 	}
+	s.setAccepting(w, accepting)
+	s.fill(w)
+	if !accepting {
+		s.offerFree() // tasks that waited for this worker's labels may go elsewhere
+	}
+	return out, nil
+}
+
+// setAccepting changes w.accepting and the counts that depend on it.
+func (s *Scheduler) setAccepting(w *worker, accepting bool) {
+	if w.accepting == accepting {
+		return
+	}
+	for _, h := range w.held {
+		if h.doomed {
+			continue
+		}
+		if accepting {
+			h.state.active++
+		} else {
+			h.state.active--
+		}
+	}
 	w.accepting = accepting
 	s.refreshFree(w)
-	s.fill(w)
-	return out, nil
 }
 
 // Submit routes a new task: at once to a worker, or into the queue. The task must be
@@ -325,16 +355,50 @@ func (s *Scheduler) Complete(workerID string, t *Task, obs Observation) (*Outcom
 	w.running = w.running[:len(w.running)-1]
 	t.state = stateDone
 	t.worker = nil
-	if h := w.find(t.Label); h >= 0 {
-		w.held[h].inUse--
-		if obs.Loaded {
-			w.held[h].pending = false
-		}
-	}
 	s.observe(t.Label, obs)
-	s.refreshFree(w)
+	s.release(w, t.Label, obs.Loaded)
 	s.fill(w)
 	return out, nil
+}
+
+// release ends one task's use of a label on w: a doomed label goes with its last task.
+func (s *Scheduler) release(w *worker, label string, loaded bool) {
+	if i := w.find(label); i >= 0 {
+		h := w.held[i]
+		h.inUse--
+		if loaded {
+			h.pending = false
+		}
+		if h.doomed && h.inUse == 0 {
+			s.dropHeld(w, i)
+		}
+	}
+	s.refreshFree(w)
+}
+
+// takeBack removes a running task from its worker without refilling the worker.
+func (s *Scheduler) takeBack(w *worker, t *Task) bool {
+	i := w.runningIndex(t)
+	if i < 0 {
+		return false
+	}
+	w.running[i] = w.running[len(w.running)-1]
+	w.running[len(w.running)-1] = nil
+	w.running = w.running[:len(w.running)-1]
+	t.worker = nil
+	s.release(w, t.Label, false)
+	return true
+}
+
+// Abandon forgets a running task whose answer the owner gave without the worker (a
+// shutdown that ran out of time). The worker's slot is freed but not refilled.
+func (s *Scheduler) Abandon(t *Task) bool {
+	if t.state != stateRunning || t.worker == nil {
+		return false
+	}
+	s.takeBack(t.worker, t)
+	t.state = stateDone
+	return true
 }
 
 // Requeue takes back an attempt the worker refused without running it (draining, no
@@ -347,25 +411,23 @@ func (s *Scheduler) Requeue(workerID string, t *Task) (*Outcome, error) {
 	if !ok {
 		return out, fmt.Errorf("%w: %s", ErrUnknownWorker, workerID)
 	}
-	i := w.runningIndex(t)
-	if i < 0 {
+	if !s.takeBack(w, t) {
 		return out, fmt.Errorf("%w: %s on %s", ErrUnknownTask, t.ID, workerID)
 	}
-	w.running[i] = w.running[len(w.running)-1]
-	w.running[len(w.running)-1] = nil
-	w.running = w.running[:len(w.running)-1]
-	t.worker = nil
-	if h := w.find(t.Label); h >= 0 {
-		w.held[h].inUse--
-	}
-	s.refreshFree(w)
 	if t.Attempt >= s.cfg.MaxAttempts {
 		t.state = stateDone
 		out.Failed = append(out.Failed, Failure{Task: t, Reason: FailAttempts})
 		return out, nil
 	}
 	s.enqueue(t, true)
+	// The refusing worker sits out this round: its refusal may have overtaken the
+	// status frame that says it stopped accepting.
+	if w.accepting {
+		s.setAccepting(w, false)
+		defer s.setAccepting(w, true)
+	}
 	s.place(t)
+	s.offerFree()
 	return out, nil
 }
 
@@ -435,11 +497,18 @@ func (s *Scheduler) LabelGone(workerID, label string) *Outcome {
 	if !ok {
 		return out
 	}
-	if i := w.find(label); i >= 0 && w.held[i].inUse == 0 {
+	i := w.find(label)
+	if i < 0 {
+		return out
+	}
+	if h := w.held[i]; h.inUse > 0 {
+		s.doom(w, h)
+	} else {
 		s.dropHeld(w, i)
 		s.refreshFree(w)
 		s.fill(w)
 	}
+	s.offerFree() // tasks that waited for this copy may load elsewhere
 	return out
 }
 
@@ -482,25 +551,46 @@ func (s *Scheduler) Worker(id string) (WorkerView, bool) {
 // place tries to start t now. It returns false when t must wait.
 func (s *Scheduler) place(t *Task) bool {
 	if s.cfg.Policy == PolicyRandom {
-		if s.free.len() == 0 {
-			return false
+		// A random free worker; if it cannot take the task (every label in use, or the
+		// label is not loadable there), the next ones in turn, a bounded number.
+		n := s.free.len()
+		for i, start := 0, s.rngStart(n); i < n && i < placeTries; i++ {
+			if w := s.free.at((start + i) % n); s.canTake(w, t) {
+				return s.assignLoading(w, t)
+			}
 		}
-		w := s.free.at(s.rng.IntN(s.free.len()))
-		return s.assignLoading(w, t)
+		return false
 	}
 	ls := s.labels[t.Label]
 	if ls != nil && ls.idle.len() > 0 {
 		s.assign(ls.idle.last(), t)
 		return true
 	}
-	if ls != nil && ls.holders > 0 && !s.loadBeatsWait(t.Label, ls, ls.queued) {
-		return false
+	if ls != nil && ls.active > 0 {
+		ahead := ls.queued
+		if t.state == stateQueued {
+			ahead-- // it is counted in its own queue
+		}
+		if !s.loadBeatsWait(t.Label, ls, ahead) {
+			return false
+		}
 	}
-	w := s.loadTarget()
+	w := s.loadTarget(t)
 	if w == nil {
 		return false
 	}
 	return s.assignLoading(w, t)
+}
+
+// placeTries bounds how many workers one placement looks at, keeping it O(1) in the
+// fleet size.
+const placeTries = 8
+
+func (s *Scheduler) rngStart(n int) int {
+	if n == 0 {
+		return 0
+	}
+	return s.rng.IntN(n)
 }
 
 // loadBeatsWait is the seam for the cost model: true when loading the label on a free
@@ -508,25 +598,47 @@ func (s *Scheduler) place(t *Task) bool {
 // for the label's busy holders.
 func (s *Scheduler) loadBeatsWait(label string, ls *labelState, ahead int) bool {
 	st := s.stats(label)
-	perHolder := float64(ahead+1) / float64(ls.holders)
+	perHolder := float64(ahead+1) / float64(ls.active)
 	wait := time.Duration(perHolder * float64(st.run))
 	return st.load+st.run < wait
 }
 
-// loadTarget picks a free worker to load a label on: one with room first; otherwise
+// overdue reports whether a queued task has already waited longer than a load and a
+// run would have taken: the estimate that made it wait was wrong (a long task on the
+// holder), so a free worker should load its label rather than keep it waiting.
+func (s *Scheduler) overdue(t *Task) bool {
+	st := s.stats(t.Label)
+	return s.clock.Now().Sub(t.Enqueued) > st.load+st.run
+}
+
+// canTake reports whether w, which has a free slot, can start t now: it holds the
+// label, or it may load it (loadable there, no failed copy still in use, and room or
+// an idle label to evict).
+func (s *Scheduler) canTake(w *worker, t *Task) bool {
+	if i := w.find(t.Label); i >= 0 {
+		return !w.held[i].doomed
+	}
+	return w.canLoad(t.Label) && (len(w.held) < w.capacity || s.lruVictim(w) >= 0)
+}
+
+// loadTarget picks a free worker to load t's label on: one with room first; otherwise
 // among a few free workers the one whose least recently used label is the oldest.
-func (s *Scheduler) loadTarget() *worker {
-	if s.roomy.len() > 0 {
-		return s.roomy.last()
+func (s *Scheduler) loadTarget(t *Task) *worker {
+	for i, n := s.roomy.len()-1, 0; i >= 0 && n < placeTries; i, n = i-1, n+1 {
+		if w := s.roomy.at(i); s.canTake(w, t) {
+			return w
+		}
 	}
 	var best *worker
 	var bestUse uint64
-	// A bounded look keeps placement O(1) in the fleet size.
-	for i, n := s.free.len()-1, 0; i >= 0 && n < 4; i, n = i-1, n+1 {
+	for i, n := s.free.len()-1, 0; i >= 0 && n < placeTries; i, n = i-1, n+1 {
 		w := s.free.at(i)
-		v := s.lruVictim(w)
-		if v < 0 {
+		if !s.canTake(w, t) {
 			continue
+		}
+		v := s.lruVictim(w)
+		if v < 0 { // holds the label already (a doomed copy is refused above)
+			return w
 		}
 		if best == nil || w.held[v].lastUse < bestUse {
 			best, bestUse = w, w.held[v].lastUse
@@ -536,9 +648,12 @@ func (s *Scheduler) loadTarget() *worker {
 }
 
 // assignLoading starts t on w, evicting w's least recently used idle label if w must
-// load and has no room. It returns false when every label of w is in use.
+// load and has no room. The caller has checked canTake.
 func (s *Scheduler) assignLoading(w *worker, t *Task) bool {
-	if w.find(t.Label) >= 0 {
+	if i := w.find(t.Label); i >= 0 {
+		if w.held[i].doomed {
+			return false
+		}
 		s.assign(w, t)
 		return true
 	}
@@ -578,7 +693,7 @@ func (s *Scheduler) assign(w *worker, t *Task) {
 
 // fill gives a worker with free slots the queued tasks it should run.
 func (s *Scheduler) fill(w *worker) {
-	for w.accepting && len(w.running) < w.slots && s.queued > 0 {
+	for w.isFree() && s.queued > 0 {
 		t := s.pick(w)
 		if t == nil || !s.assignLoading(w, t) {
 			return
@@ -586,44 +701,78 @@ func (s *Scheduler) fill(w *worker) {
 	}
 }
 
+// rebalanceTries bounds how many free workers one offerFree call visits.
+const rebalanceTries = 32
+
+// offerFree lets free workers look at the queue again. Called when the reasons tasks
+// were waiting may have gone (a holder left or stopped accepting, a copy failed) and
+// periodically through Rebalance, so that no task waits for ever while a worker idles.
+func (s *Scheduler) offerFree() {
+	for i, n := s.free.len()-1, 0; i >= 0 && n < rebalanceTries && s.queued > 0; i, n = i-1, n+1 {
+		if i >= s.free.len() {
+			i = s.free.len() - 1 // fill took workers out of the set
+			if i < 0 {
+				return
+			}
+		}
+		s.fill(s.free.at(i))
+	}
+}
+
+// Rebalance reconsiders waiting tasks against free workers: tasks passed over too
+// long, and tasks whose wait for a busy holder has outrun what a load would cost. The
+// owner calls it periodically (the dispatcher with its deadline check).
+func (s *Scheduler) Rebalance() *Outcome {
+	out := s.reset()
+	if s.queued > 0 && s.free.len() > 0 {
+		s.offerFree()
+	}
+	return out
+}
+
 // passOverScan bounds how far down the global queue a freed worker looks for a task it
 // should load for, keeping the cost of a completion independent of queue length.
 const passOverScan = 8
 
-// pick chooses the next task for a worker that has a free slot, or nil.
+// pick chooses the next task for a worker that has a free slot, or nil. Every task it
+// returns is one the worker can take.
 func (s *Scheduler) pick(w *worker) *Task {
 	head := s.queue.head
 	if head == nil {
 		return nil
 	}
 	if s.cfg.Policy == PolicyRandom {
-		return head
+		if s.canTake(w, head) {
+			return head
+		}
+		return nil
 	}
 	// Rule 4: no task is passed over for longer than MaxPassOver.
-	if s.clock.Now().Sub(head.Enqueued) >= s.cfg.MaxPassOver {
+	if s.clock.Now().Sub(head.Enqueued) >= s.cfg.MaxPassOver && s.canTake(w, head) {
 		return head
 	}
 	// The oldest task for a label this worker holds.
 	var best *Task
-	for i := range w.held {
-		if ls := s.labels[w.held[i].label]; ls != nil && ls.queue.head != nil {
-			if c := ls.queue.head; best == nil || c.seq < best.seq {
-				best = c
-			}
+	for _, h := range w.held {
+		if h.doomed {
+			continue
+		}
+		if c := h.state.queue.head; c != nil && (best == nil || c.seq < best.seq) {
+			best = c
 		}
 	}
 	if best != nil {
 		return best
 	}
-	// Else the oldest label backlog that is better served by loading here than by
-	// waiting for the label's busy holders.
+	// Else the oldest label backlog better served by loading here than by waiting:
+	// nobody can serve it, loading beats the expected wait, or it has waited too long.
 	n := 0
 	for t := head; t != nil && n < passOverScan; t, n = t.next, n+1 {
 		ls := s.labels[t.Label]
-		if ls.queue.head != t {
+		if ls.queue.head != t || !s.canTake(w, t) {
 			continue
 		}
-		if ls.holders == 0 || s.loadBeatsWait(t.Label, ls, ls.queued-1) {
+		if ls.active == 0 || s.loadBeatsWait(t.Label, ls, ls.queued-1) || s.overdue(t) {
 			return t
 		}
 	}
@@ -702,8 +851,26 @@ func (s *Scheduler) addHeld(w *worker, label string, pending bool) {
 	*h = heldLabel{label: label, lastUse: s.useTick, pending: pending, idlePos: -1, state: ls}
 	w.held = append(w.held, h)
 	ls.holders++
+	if w.accepting {
+		ls.active++
+	}
 	if w.freePos >= 0 {
 		ls.idle.add(&h.idlePos, w)
+	}
+}
+
+// doom marks a label whose load failed while a task still uses it: it leaves the
+// idle set and the active count now, and w's entry goes when the last task ends.
+func (s *Scheduler) doom(w *worker, h *heldLabel) {
+	if h.doomed {
+		return
+	}
+	if w.accepting {
+		h.state.active--
+	}
+	h.doomed = true
+	if h.idlePos >= 0 {
+		h.state.idle.remove(h.idlePos)
 	}
 }
 
@@ -711,6 +878,9 @@ func (s *Scheduler) dropHeld(w *worker, i int) {
 	h := w.held[i]
 	if h.idlePos >= 0 {
 		h.state.idle.remove(h.idlePos)
+	}
+	if w.accepting && !h.doomed {
+		h.state.active--
 	}
 	h.state.holders--
 	last := len(w.held) - 1
@@ -746,11 +916,11 @@ func (s *Scheduler) refreshFree(w *worker) {
 		} else {
 			s.free.remove(w.freePos)
 		}
-		for i := range w.held {
-			h := w.held[i]
-			if free {
+		for _, h := range w.held {
+			switch {
+			case free && !h.doomed:
 				h.state.idle.add(&h.idlePos, w)
-			} else {
+			case !free && h.idlePos >= 0:
 				h.state.idle.remove(h.idlePos)
 			}
 		}

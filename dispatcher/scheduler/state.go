@@ -56,12 +56,15 @@ type worker struct {
 	accepting bool
 	held      []*heldLabel
 	running   []*Task
+	// loadable limits which labels the worker can load; nil means any.
+	loadable map[string]struct{}
 	// Positions in the scheduler's free and roomy sets, -1 when absent.
 	freePos, roomyPos int
 }
 
 func (w *worker) isFree() bool { return w.accepting && len(w.running) < w.slots }
 
+// find is the index of the worker's entry for label (live or doomed), or -1.
 func (w *worker) find(label string) int {
 	for i, h := range w.held {
 		if h.label == label {
@@ -69,6 +72,14 @@ func (w *worker) find(label string) int {
 		}
 	}
 	return -1
+}
+
+func (w *worker) canLoad(label string) bool {
+	if w.loadable == nil {
+		return true
+	}
+	_, ok := w.loadable[label]
+	return ok
 }
 
 func (w *worker) runningIndex(t *Task) int {
@@ -109,11 +120,17 @@ type heldLabel struct {
 	pending bool
 	// idlePos is the worker's position in state.idle, -1 when absent.
 	idlePos int
+	// doomed marks a label whose load failed while a task still used it: no new task
+	// goes to it, and it is dropped when its last task ends.
+	doomed bool
 }
 
 // labelState indexes one label: who holds it and who waits for it.
 type labelState struct {
+	// holders counts every worker entry for the label; active only those that can
+	// serve it (accepting, not doomed): the cost model and placement use active.
 	holders int
+	active  int
 	// idle holds the holders that have a free slot.
 	idle   workerSet
 	queue  labelList

@@ -1,0 +1,76 @@
+package dispatcher
+
+import (
+	"testing"
+	"time"
+)
+
+// Tests from a review of the hub: each reproduced a bug before its fix.
+
+// A task answered by a shutdown that ran out of time is let go by the scheduler: when
+// its worker is lost afterwards it is not sent to another worker, and it stays failed.
+func TestAnsweredTaskIsNotReassigned(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	w1 := b.dial("w1", "m")
+	w2 := b.dial("w2", "other")
+	ans := b.postAsync(`{"task_id":"t1","task_type":"x","label":"m"}`)
+	w1.assignment()
+	b.d.hub.beginShutdown()
+	b.d.hub.failAll("shutdown")
+	if got := <-ans; got.status != 503 {
+		t.Fatalf("answer %v", got)
+	}
+	w1.ws.Close() // the worker is lost after its task was answered
+	for contains(b.workers(), "w1") {
+		time.Sleep(time.Millisecond) // polling an observable state
+	}
+	if code, v := b.get("/tasks/t1"); code != 200 || v["status"] != "failed" {
+		t.Fatalf("answered task now reports %d %v", code, v)
+	}
+	// The answered task was not handed to w2.
+	b.d.hub.mu.Lock()
+	v, _ := b.d.hub.sched.Worker("w2")
+	b.d.hub.mu.Unlock()
+	if v.Running != 0 {
+		t.Fatalf("w2 runs %d tasks, want none", v.Running)
+	}
+	_ = w2
+}
+
+// A resubmitted id whose stored answer is older than its deadline gets that answer,
+// every time (the safety timer used to race the closed done channel).
+func TestResubmissionAfterDeadlineGetsStoredAnswer(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	w := b.dial("w1", "m")
+	ans := b.postAsync(`{"task_id":"r1","task_type":"x","label":"m"}`)
+	w.finish(w.assignment(), true, `"ok"`)
+	if got := <-ans; got.status != 200 {
+		t.Fatalf("first answer %v", got)
+	}
+	rec, _ := b.d.hub.finished.Get("r1")
+	rec.sched.Deadline = time.Now().Add(-time.Hour) // as if answered long ago
+	for i := 0; i < 20; i++ {
+		if code, v := b.post("/run-task", `{"task_id":"r1","task_type":"x","label":"m"}`); code != 200 || v["result"] != "ok" {
+			t.Fatalf("resubmission %d: %d %v", i, code, v)
+		}
+	}
+}
+
+// A task requeued because its worker was lost reads as queued, not as running on the
+// lost worker.
+func TestRequeuedTaskReadsQueued(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	w1 := b.dial("w1", "m")
+	b.postAsync(`{"task_id":"q1","task_type":"x","label":"m","timeout_ms":60000}`)
+	w1.assignment()
+	w1.ws.Close()
+	for contains(b.workers(), "w1") {
+		time.Sleep(time.Millisecond)
+	}
+	if _, v := b.get("/tasks/q1"); v["status"] != "queued" || v["worker_id"] != nil {
+		t.Fatalf("requeued task reads %v on %v", v["status"], v["worker_id"])
+	}
+}

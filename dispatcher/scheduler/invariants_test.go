@@ -1,0 +1,318 @@
+package scheduler
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+// These tests came out of a review that rebuilt every index from scratch after each
+// step of random operations, and reproduced liveness bugs found on the way.
+
+// check verifies every index against a recomputation from scratch.
+func check(t *testing.T, s *Scheduler) {
+	t.Helper()
+	for _, w := range s.workers {
+		free := w.isFree()
+		if free != (w.freePos >= 0) || (w.freePos >= 0 && s.free.at(w.freePos) != w) {
+			t.Fatalf("worker %s free=%v freePos=%d", w.id, free, w.freePos)
+		}
+		roomy := free && len(w.held) < w.capacity
+		if roomy != (w.roomyPos >= 0) || (w.roomyPos >= 0 && s.roomy.at(w.roomyPos) != w) {
+			t.Fatalf("worker %s roomy=%v roomyPos=%d", w.id, roomy, w.roomyPos)
+		}
+		if len(w.held) > w.capacity {
+			t.Fatalf("worker %s holds %d > %d", w.id, len(w.held), w.capacity)
+		}
+		inUse := map[string]int{}
+		for _, r := range w.running {
+			inUse[r.Label]++
+			if r.state != stateRunning || r.worker != w {
+				t.Fatalf("running task %s bad state", r.ID)
+			}
+		}
+		for _, h := range w.held {
+			if s.labels[h.label] != h.state {
+				t.Fatalf("held %s on %s points at a stale labelState", h.label, w.id)
+			}
+			if (free && !h.doomed) != (h.idlePos >= 0) || (h.idlePos >= 0 && h.state.idle.at(h.idlePos) != w) {
+				t.Fatalf("held %s on %s idlePos=%d free=%v doomed=%v", h.label, w.id, h.idlePos, free, h.doomed)
+			}
+			if h.doomed && h.inUse == 0 {
+				t.Fatalf("doomed %s on %s outlived its last task", h.label, w.id)
+			}
+			if h.inUse != inUse[h.label] {
+				t.Fatalf("held %s on %s inUse=%d want %d", h.label, w.id, h.inUse, inUse[h.label])
+			}
+			delete(inUse, h.label)
+		}
+		if len(inUse) != 0 {
+			t.Fatalf("worker %s runs tasks for labels it does not hold: %v", w.id, inUse)
+		}
+	}
+	holders, active := map[string]int{}, map[string]int{}
+	for _, w := range s.workers {
+		for _, h := range w.held {
+			holders[h.label]++
+			if w.accepting && !h.doomed {
+				active[h.label]++
+			}
+		}
+	}
+	queued := map[string]int{}
+	n := 0
+	for q := s.queue.head; q != nil; q = q.next {
+		n++
+		queued[q.Label]++
+		if q.state != stateQueued {
+			t.Fatalf("queued task %s state %d", q.ID, q.state)
+		}
+	}
+	if n != s.queued {
+		t.Fatalf("queued %d, list %d", s.queued, n)
+	}
+	for name, ls := range s.labels {
+		if ls.active != active[name] {
+			t.Fatalf("label %s active %d, want %d", name, ls.active, active[name])
+		}
+		if ls.holders != holders[name] || ls.queued != queued[name] {
+			t.Fatalf("label %s holders %d/%d queued %d/%d", name, ls.holders, holders[name], ls.queued, queued[name])
+		}
+		if ls.holders == 0 && ls.queued == 0 {
+			t.Fatalf("label %s should have been forgotten", name)
+		}
+		m := 0
+		for q := ls.queue.head; q != nil; q = q.labelNext {
+			m++
+		}
+		if m != ls.queued {
+			t.Fatalf("label %s list %d queued %d", name, m, ls.queued)
+		}
+	}
+	for name := range queued {
+		if s.labels[name] == nil {
+			t.Fatalf("queued label %s has no state", name)
+		}
+	}
+	for i, d := range s.deadline {
+		if d.heapIdx != i || d.state != stateQueued {
+			t.Fatalf("heap %d: idx %d state %d", i, d.heapIdx, d.state)
+		}
+	}
+}
+
+func TestRandomOperationsKeepIndexesTrue(t *testing.T) {
+	for _, pol := range []Policy{PolicyAffinity, PolicyRandom} {
+		for seed := uint64(0); seed < 300; seed++ {
+			b := setup(t, Config{Policy: pol, Seed: seed, MaxAttempts: 2})
+			r := rand.New(rand.NewPCG(seed, 7))
+			var tasks []*Task
+			for step := 0; step < 400; step++ {
+				switch op := r.IntN(12); op {
+				case 0:
+					id := fmt.Sprintf("w%d", r.IntN(5))
+					var ls []string
+					for k := r.IntN(3); k > 0; k-- {
+						ls = append(ls, fmt.Sprintf("L%d", r.IntN(6)))
+					}
+					b.s.AddWorker(WorkerSpec{ID: id, MaxLabels: 1 + r.IntN(2), Slots: 1 + r.IntN(2), Labels: ls})
+				case 1:
+					b.s.RemoveWorker(fmt.Sprintf("w%d", r.IntN(5)))
+				case 2, 3, 4:
+					tk := &Task{ID: fmt.Sprint(step), Label: fmt.Sprintf("L%d", r.IntN(6))}
+					if r.IntN(2) == 0 {
+						tk.Deadline = b.clock.now.Add(time.Duration(r.IntN(3000)) * time.Millisecond)
+					}
+					b.s.Submit(tk)
+					tasks = append(tasks, tk)
+				case 5, 6:
+					for _, tk := range tasks {
+						if tk.Running() {
+							if r.IntN(4) == 0 {
+								b.s.Requeue(tk.WorkerID(), tk)
+							} else {
+								b.s.Complete(tk.WorkerID(), tk, Observation{Loaded: r.IntN(2) == 0, LoadTime: 400 * time.Millisecond, RunTime: time.Duration(r.IntN(200)) * time.Millisecond})
+							}
+							break
+						}
+					}
+				case 7:
+					b.s.SetAccepting(fmt.Sprintf("w%d", r.IntN(5)), r.IntN(3) != 0)
+				case 8:
+					if r.IntN(2) == 0 {
+						b.s.LabelLoaded(fmt.Sprintf("w%d", r.IntN(5)), fmt.Sprintf("L%d", r.IntN(6)))
+					} else {
+						b.s.LabelGone(fmt.Sprintf("w%d", r.IntN(5)), fmt.Sprintf("L%d", r.IntN(6)))
+					}
+				case 9:
+					b.clock.advance(time.Duration(r.IntN(500)) * time.Millisecond)
+					b.s.Expire()
+					if r.IntN(3) == 0 && len(tasks) > 0 {
+						b.s.Cancel(tasks[r.IntN(len(tasks))])
+					}
+				case 10:
+					for _, tk := range tasks {
+						if tk.Running() {
+							b.s.Abandon(tk)
+							break
+						}
+					}
+				case 11:
+					b.s.Rebalance()
+					liveHead(t, b.s)
+				}
+				check(t, b.s)
+			}
+		}
+	}
+}
+
+// liveHead: after Rebalance, the head of the queue is not left waiting when a free
+// worker can take it and it has no one else to wait for (no active holder, overdue, or
+// passed over too long).
+func liveHead(t *testing.T, s *Scheduler) {
+	t.Helper()
+	head := s.queue.head
+	if head == nil || s.cfg.Policy == PolicyRandom {
+		return
+	}
+	ls := s.labels[head.Label]
+	if ls.active > 0 && !s.overdue(head) && s.clock.Now().Sub(head.Enqueued) < s.cfg.MaxPassOver {
+		return
+	}
+	for i := 0; i < s.free.len(); i++ {
+		if s.canTake(s.free.at(i), head) {
+			t.Fatalf("head %s (label %s, active holders %d) waits while free worker %s could take it",
+				head.ID, head.Label, ls.active, s.free.at(i).id)
+		}
+	}
+}
+
+// Liveness: a queued task is never run while a free worker idles after its label's
+// holder drains and leaves.
+func TestRegressionStuckAfterHolderDrains(t *testing.T) {
+	b := setup(t, Config{})
+	b.worker("h", 1, 1, "A")
+	b.worker("f", 1, 1)
+	t1 := b.task("A")
+	one(t, b.submit(t1))
+	x := b.task("A")
+	none(t, b.submit(x)) // waits for the busy holder
+	b.s.SetAccepting("h", false)
+	none(t, b.complete(t1, false))
+	if _, err := b.s.RemoveWorker("h"); err != nil {
+		t.Fatal(err)
+	}
+	if x.Queued() {
+		t.Fatal("task stuck while a free worker could load its label")
+	}
+}
+
+func TestRegressionStuckAfterHolderLostAtMaxAttempts(t *testing.T) {
+	b := setup(t, Config{MaxAttempts: 1})
+	b.worker("h", 1, 1, "A")
+	b.worker("f", 1, 1)
+	t1 := b.task("A")
+	one(t, b.submit(t1))
+	x := b.task("A")
+	none(t, b.submit(x))
+	out, _ := b.s.RemoveWorker("h")
+	if len(out.Failed) != 1 {
+		t.Fatalf("want t1 failed")
+	}
+	if x.Queued() {
+		t.Fatal("task stuck while a free worker could load its label")
+	}
+}
+
+// LOAD_FAILED arrives while the loading task is in use: ignored, and the label stays
+// "held" for ever after.
+func TestRegressionLoadFailedWhileInUse(t *testing.T) {
+	b := setup(t, Config{})
+	b.worker("w", 2, 1)
+	t1 := b.task("A")
+	a := one(t, b.submit(t1))
+	if !a.Load {
+		t.Fatal("want a load")
+	}
+	b.s.LabelGone("w", "A") // KIND_LOAD_FAILED, sent before the failed result
+	b.complete(t1, false)
+	if v, _ := b.s.Worker("w"); len(v.Labels) != 0 {
+		t.Fatalf("scheduler still believes w holds %v after its load failed", v.Labels)
+	}
+}
+
+// Rule 4 returns the aged head even when the worker cannot load it, and fill stops
+// though the worker could run a queued task for the label it holds.
+func TestRegressionPickRefusedStopsFill(t *testing.T) {
+	b := setup(t, Config{})
+	b.worker("w", 1, 2, "A")
+	a1 := b.task("A")
+	one(t, b.submit(a1))
+	a2 := b.task("A")
+	one(t, b.submit(a2)) // w full now (2 slots)
+	bt := b.task("B")
+	none(t, b.submit(bt)) // every label of w in use: waits
+	a3 := b.task("A")
+	none(t, b.submit(a3))
+	b.clock.advance(3 * time.Second)
+	as := b.complete(a1, false) // one slot free; head bt is aged but A is in use (a2)
+	if len(as) == 0 {
+		t.Fatalf("w has a free slot and holds A, yet queued A task %s is not started (pick chose %s)", a3.ID, bt.ID)
+	}
+}
+
+// Requeue offers the refused task straight back to the worker that refused it.
+func TestRegressionRequeueBouncesToRefuser(t *testing.T) {
+	b := setup(t, Config{})
+	b.worker("w", 1, 1, "A")
+	b.worker("f", 1, 1, "B")
+	t1 := b.task("A")
+	one(t, b.submit(t1))
+	out, _ := b.s.Requeue("w", t1)
+	if len(out.Assigned) == 1 && out.Assigned[0].WorkerID == "w" {
+		t.Fatalf("refused task offered straight back to the refusing worker (attempt %d)", t1.Attempt)
+	}
+}
+
+// A task waiting for a busy holder is never reconsidered while another worker idles:
+// nothing re-evaluates the wait when it runs far past the estimate.
+func TestRegressionWaitNeverReconsidered(t *testing.T) {
+	b := setup(t, Config{})
+	b.worker("h", 1, 1, "A")
+	b.worker("f", 1, 1)
+	one(t, b.submit(b.task("A")))
+	x := b.task("A")
+	none(t, b.submit(x))
+	b.clock.advance(time.Minute)
+	out := b.s.Rebalance()
+	if x.Queued() || len(out.Assigned) != 1 || out.Assigned[0].WorkerID != "f" {
+		t.Fatalf("after waiting a minute for a busy holder: queued=%v, assigned %+v", x.Queued(), out.Assigned)
+	}
+}
+
+// Random mode: place tries one random free worker; if it cannot load, the task queues
+// though another free worker could run it at once.
+func TestRegressionRandomPlaceGivesUp(t *testing.T) {
+	for seed := uint64(0); seed < 20; seed++ {
+		b := setup(t, Config{Policy: PolicyRandom, Seed: seed})
+		b.worker("busy", 1, 2, "A")
+		b.worker("idle", 1, 1, "C")
+		// occupy one slot of "busy" with A
+		var a1 *Task
+		for {
+			a1 = b.task("A")
+			as := b.submit(a1)
+			if len(as) == 1 && as[0].WorkerID == "busy" {
+				break
+			}
+			b.complete(a1, false)
+		}
+		x := b.task("B")
+		b.submit(x)
+		if x.Queued() {
+			t.Fatalf("seed %d: task queued while the idle worker could load it", seed)
+		}
+	}
+}
