@@ -165,3 +165,20 @@ func TestBadInputLeavesStackServing(t *testing.T) {
 		t.Fatalf("good task after bad ones: %d", code)
 	}
 }
+
+// One agent process can host several agents (load and scale tests); each is a worker
+// of its own to the dispatcher.
+func TestAgentsInOneProcess(t *testing.T) {
+	t.Parallel()
+	s := startStack(t, stackOpts{workers: 0, loadTime: time.Millisecond, runTime: time.Millisecond})
+	start(t, "worker-agent#many", "--dispatcher-url", "ws://"+s.addr+"/worker-listen", "--worker-id", "many", "--agents", "3")
+	s.waitWorkers(3)
+	if got := strings.Join(s.workers(), ","); got != "many-1,many-2,many-3" {
+		t.Fatalf("workers %s", got)
+	}
+	for i := 0; i < 6; i++ {
+		if code, a := s.run(task(fmt.Sprintf("many-%d", i), fmt.Sprintf("l%d", i%3), "")); code != 200 {
+			t.Fatalf("task %d: %d %+v", i, code, a)
+		}
+	}
+}

@@ -2,7 +2,8 @@
 # Dispatcher throughput against the relay ceiling (../shared/tools/relay-limit), measured
 # in one run with the same wrk and post.lua, alternating ROUNDS times so that noise on a
 # shared machine hits both alike. Agents use the simulated backend with zero load and
-# run time and log only warnings, like the relay's in-process workers.
+# run time and log only warnings, like the relay's in-process workers. Environment:
+# WORKERS (8), SLOTS per agent (1), AGENT_PROCS (1: all agents in one process).
 #   benchmark/scripts/throughput.sh [ROUNDS] [DURATION] [CONNECTIONS]
 # Needs wrk (apt-get install wrk).
 set -euo pipefail
@@ -17,9 +18,13 @@ go build -o "$BIN/" ./dispatcher/cmd/dispatcher ./worker-agent/cmd/worker-agent
 LUA="$RELAY_DIR/post.lua"
 
 "$BIN/dispatcher" --addr 127.0.0.1:18080 --log-level warn >"$BIN/dispatcher.log" 2>&1 &
-for i in $(seq 1 "$WORKERS"); do
-  GOMAXPROCS=${AGENT_GOMAXPROCS:-2} "$BIN/worker-agent" --dispatcher-url ws://127.0.0.1:18080/worker-listen --worker-id tp-$i \
-    --slots ${SLOTS:-1} --max-labels 5 --sim-load-time 0 --sim-run-time 0 --log-level warn >"$BIN/agent-$i.log" 2>&1 &
+# Agents run in one process (--agents), as the relay's workers run inside the relay;
+# AGENT_PROCS=$WORKERS runs one process per agent instead.
+AGENT_PROCS=${AGENT_PROCS:-1}
+per=$(( WORKERS / AGENT_PROCS ))
+for p in $(seq 1 "$AGENT_PROCS"); do
+  "$BIN/worker-agent" --dispatcher-url ws://127.0.0.1:18080/worker-listen --worker-id tp-$p --agents "$per" \
+    --slots "${SLOTS:-1}" --max-labels 5 --sim-load-time 0 --sim-run-time 0 --log-level warn >"$BIN/agent-$p.log" 2>&1 &
 done
 "$BIN/relay-limit" -addr 127.0.0.1:18099 -workers "$WORKERS" >"$BIN/relay.log" 2>&1 &
 # Readiness: our /workers lists every agent, and the relay says its workers are in.

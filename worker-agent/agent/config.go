@@ -66,6 +66,12 @@ type Config struct {
 
 	// LogLevel is a zerolog level name (debug, info, warn, error). Empty means info.
 	LogLevel string
+	// Agents is how many agents cmd/worker-agent runs in one process (RunMany); zero
+	// means one. Run ignores it.
+	Agents int
+	// CPUProfile, when set, is where cmd/worker-agent writes a pprof CPU profile on
+	// exit. Run ignores it.
+	CPUProfile string
 	// LogOutput receives the JSON log lines. Nil means standard output.
 	LogOutput io.Writer
 

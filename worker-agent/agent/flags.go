@@ -40,6 +40,8 @@ func ConfigFromArgs(args []string, getenv func(string) string, output io.Writer)
 	fs.Int64Var(&c.Sim.Seed, "seed", DefaultSimSeed, "sim backend: seed of the jitter (same seed, same durations)")
 	fs.StringVar(&c.LogLevel, "log-level", DefaultLogLevel, "log level: debug, info, warn, error")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", DefaultDrainTimeout, "how long a drain waits for in-flight tasks")
+	fs.StringVar(&c.CPUProfile, "cpu-prof", "", "write a pprof CPU profile to this file on exit")
+	fs.IntVar(&c.Agents, "agents", 1, "agents to run in this process, named <worker-id>-1..N (load and scale tests)")
 	fs.VisitAll(func(f *flag.Flag) { f.Usage += " (env " + envName(f.Name) + ")" })
 
 	if err := fs.Parse(args); err != nil {

@@ -17,6 +17,8 @@
 //	--seed             [SEED]             1: seed of the jitter; the same seed gives the same durations
 //	--log-level        [LOG_LEVEL]        info: debug, info, warn or error (JSON lines on stdout)
 //	--drain-timeout    [DRAIN_TIMEOUT]    30s: how long a drain waits for in-flight tasks
+//	--agents           [AGENTS]           1: agents in this process, named <worker-id>-1..N (load tests)
+//	--cpu-prof         [CPU_PROF]         none: write a pprof CPU profile here on exit
 //
 // SIGTERM or SIGINT drains: the worker takes no new tasks, waits up to --drain-timeout
 // for those in flight, sends their results, closes the connection normally and exits 0.
@@ -38,6 +40,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"syscall"
 	"time"
 
@@ -56,9 +59,22 @@ func main() {
 		os.Exit(2)
 	}
 	zerolog.TimeFieldFormat = time.RFC3339Nano
+	if cfg.CPUProfile != "" {
+		f, err := os.Create(cfg.CPUProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "worker-agent: --cpu-prof:", err)
+			os.Exit(2)
+		}
+		defer f.Close()
+		defer pprof.StopCPUProfile()
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	context.AfterFunc(ctx, stop) // after the first signal, a second one kills
-	if err := agent.Run(ctx, cfg); err != nil {
+	if err := agent.RunMany(ctx, cfg, max(cfg.Agents, 1)); err != nil {
+		pprof.StopCPUProfile() // os.Exit skips the deferred stop
 		fmt.Fprintln(os.Stderr, "worker-agent:", err)
 		os.Exit(1)
 	}

@@ -1,0 +1,47 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"sync"
+)
+
+// RunMany runs n agents in this process, named WorkerID-1 … WorkerID-n, each with its
+// own connection, labels and simulated-backend seed (Sim.Seed + i). It is for load
+// tests and scale runs, where thousands of agents as processes would measure the
+// operating system rather than the dispatcher. It returns when all have stopped: nil
+// after a drain, else the first error (which also stops the others).
+func RunMany(ctx context.Context, cfg Config, n int) error {
+	if n < 1 {
+		return fmt.Errorf("agent count must be at least 1, got %d", n)
+	}
+	if n == 1 {
+		return Run(ctx, cfg)
+	}
+	cfg = cfg.WithDefaults() // one default worker id to suffix
+	if cfg.Backend != nil {
+		return fmt.Errorf("RunMany cannot share one injected Backend between %d agents", n)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		wg    sync.WaitGroup
+		once  sync.Once
+		first error
+	)
+	for i := 1; i <= n; i++ {
+		c := cfg
+		c.WorkerID = fmt.Sprintf("%s-%d", cfg.WorkerID, i)
+		c.Sim.WorkerID = ""
+		c.Sim.Seed = cfg.Sim.Seed + int64(i)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := Run(ctx, c); err != nil {
+				once.Do(func() { first = err; cancel() })
+			}
+		}()
+	}
+	wg.Wait()
+	return first
+}
