@@ -94,8 +94,10 @@ func main() {
 const usage = `usage: benchmark <command> [flags]
 
 commands:
-  run    start a dispatcher and workers, load them, print the summary
-         (benchmark run -h lists the flags)
+  run       start a dispatcher and workers, load them, print the summary
+            (benchmark run -h lists the flags)
+  simulate  replay a scenario through routing policies on a virtual clock
+            (benchmark simulate -h lists the flags)
 `
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
@@ -122,6 +124,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return 1
 		}
 		return 0
+	case "simulate":
+		return simulate(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

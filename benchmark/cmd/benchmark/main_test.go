@@ -127,3 +127,25 @@ func TestParseRunScenario(t *testing.T) {
 		t.Errorf("unknown scenario: %v", err)
 	}
 }
+
+func TestSimulateCommand(t *testing.T) {
+	t.Parallel()
+	var out, errOut bytes.Buffer
+	chart := t.TempDir() + "/c.svg"
+	if code := run(t.Context(), []string{"simulate", "--scenario", "seed-4", "--policies", "random,ours", "--chart", chart}, env(nil), &out, &errOut); code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	if !strings.Contains(out.String(), "ours") || !strings.Contains(out.String(), "random") {
+		t.Fatalf("table:\n%s", out.String())
+	}
+	out.Reset()
+	if code := run(t.Context(), []string{"simulate", "--scenario", "seed-4", "--json"}, env(nil), &out, &errOut); code != 0 || !strings.HasPrefix(out.String(), "{") {
+		t.Fatalf("json: %d %q", code, out.String())
+	}
+	if code := run(t.Context(), []string{"simulate", "--scenario", "nope"}, env(nil), &out, &errOut); code != 2 {
+		t.Fatalf("unknown scenario: exit %d", code)
+	}
+	if code := run(t.Context(), []string{"simulate", "--policies", "fastest"}, env(nil), &out, &errOut); code != 2 {
+		t.Fatalf("unknown policy: exit %d", code)
+	}
+}

@@ -1,0 +1,360 @@
+package sim
+
+import (
+	"bufio"
+	"container/heap"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/smartroute/smartroute/dispatcher/scheduler"
+)
+
+// Router is what the simulator drives: the dispatcher's scheduler satisfies it, and so
+// do the peer designs it is compared with.
+type Router interface {
+	AddWorker(scheduler.WorkerSpec) (*scheduler.Outcome, error)
+	Submit(*scheduler.Task) (*scheduler.Outcome, error)
+	Complete(workerID string, t *scheduler.Task, obs scheduler.Observation) (*scheduler.Outcome, error)
+	Rebalance() *scheduler.Outcome
+}
+
+var _ Router = (*scheduler.Scheduler)(nil)
+
+// Policies are the routing designs the simulator knows, by name.
+var Policies = []string{"random", "seed-greedy", "ray-like", "ours"}
+
+// Options tune the simulated policies.
+type Options struct {
+	// MaxPassOver is ours' starvation bound (scheduler.Config.MaxPassOver); zero means
+	// the scheduler's default.
+	MaxPassOver time.Duration
+}
+
+// NewRouter builds a policy on a clock.
+func NewRouter(policy string, clock scheduler.Clock, seed uint64, sc Scenario, opt Options) (Router, error) {
+	switch policy {
+	case "ours":
+		return scheduler.New(scheduler.Config{Policy: scheduler.PolicyAffinity, Seed: seed,
+			LoadTimePrior: sc.Load.mean(), RunTimePrior: sc.Run.mean(), MaxPassOver: opt.MaxPassOver}, clock)
+	case "random":
+		return scheduler.New(scheduler.Config{Policy: scheduler.PolicyRandom, Seed: seed}, clock)
+	case "seed-greedy":
+		return newSeedGreedy(seed), nil
+	case "ray-like":
+		return newRayLike(seed), nil
+	}
+	return nil, fmt.Errorf("policy %q unknown (want one of %s)", policy, strings.Join(Policies, ", "))
+}
+
+// tickEvery mirrors the dispatcher, which calls Rebalance with its deadline check.
+const tickEvery = 20 * time.Millisecond
+
+type eventKind uint8
+
+const (
+	evArrive eventKind = iota
+	evFinish
+	evTick
+)
+
+type event struct {
+	at       time.Duration
+	seq      uint64
+	kind     eventKind
+	task     *simTask
+	producer int
+	worker   string
+	load     bool
+}
+
+type eventQueue []event
+
+func (q eventQueue) Len() int { return len(q) }
+func (q eventQueue) Less(i, j int) bool {
+	if q[i].at != q[j].at {
+		return q[i].at < q[j].at
+	}
+	return q[i].seq < q[j].seq
+}
+func (q eventQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
+func (q *eventQueue) Push(x any)   { *q = append(*q, x.(event)) }
+func (q *eventQueue) Pop() any {
+	old := *q
+	e := old[len(old)-1]
+	*q = old[:len(old)-1]
+	return e
+}
+
+type simTask struct {
+	sched    scheduler.Task
+	arrived  time.Duration
+	producer int
+	load     time.Duration // drawn per task, so every policy sees the same durations
+	run      time.Duration
+}
+
+type vclock struct {
+	base time.Time
+	now  time.Duration
+}
+
+func (c *vclock) Now() time.Time { return c.base.Add(c.now) }
+
+// engine runs one policy over one scenario.
+type engine struct {
+	sc     Scenario
+	router Router
+	clock  *vclock
+	events eventQueue
+	seq    uint64
+
+	pop        popularity
+	labelNames []string
+	loadDist   []Dist
+	runDist    []Dist
+	taskRNG    *rand.Rand   // labels and durations of open-loop tasks
+	prodRNG    []*rand.Rand // per producer: labels, durations, pauses
+	trace      []traceLine
+
+	submitted, finished int
+	waiting             int // submitted, not started
+	tickPending         bool
+
+	res       Result
+	latencies []float64
+	distinct  map[string]struct{}
+	busy      time.Duration
+}
+
+type traceLine struct {
+	at    time.Duration
+	label string
+}
+
+// Run simulates the scenario under one policy. The same seed gives the same tasks
+// (labels, arrival times, load and run durations) to every policy.
+func Run(sc Scenario, policy string, seed uint64, opt Options) (Result, error) {
+	clock := &vclock{base: time.Unix(1_700_000_000, 0)}
+	router, err := NewRouter(policy, clock, seed, sc, opt)
+	if err != nil {
+		return Result{}, err
+	}
+	e := &engine{sc: sc, router: router, clock: clock, pop: newPopularity(sc.Labels),
+		taskRNG: rand.New(rand.NewPCG(seed, 1)), distinct: map[string]struct{}{}}
+	e.res.Policy = policy
+	e.res.sent = map[int]int{}
+	e.labelNames = make([]string, sc.Labels.Count)
+	e.loadDist = make([]Dist, sc.Labels.Count)
+	e.runDist = make([]Dist, sc.Labels.Count)
+	for i := range e.labelNames {
+		name := fmt.Sprintf("label-%d", i+1)
+		e.labelNames[i] = name
+		e.loadDist[i], e.runDist[i] = sc.Load, sc.Run
+		if d, ok := sc.Labels.Load[name]; ok {
+			e.loadDist[i] = d
+		}
+		if d, ok := sc.Labels.Run[name]; ok {
+			e.runDist[i] = d
+		}
+	}
+	for i := 0; i < sc.Workers.Count; i++ {
+		out, err := router.AddWorker(scheduler.WorkerSpec{ID: fmt.Sprintf("w%d", i+1), MaxLabels: sc.Workers.MaxLabels, Slots: sc.Workers.Slots})
+		if err != nil {
+			return Result{}, err
+		}
+		e.apply(out)
+	}
+	if err := e.seedArrivals(seed); err != nil {
+		return Result{}, err
+	}
+	for len(e.events) > 0 {
+		ev := heap.Pop(&e.events).(event)
+		e.clock.now = ev.at
+		switch ev.kind {
+		case evArrive:
+			e.arrive(ev)
+		case evFinish:
+			e.finish(ev)
+		case evTick:
+			e.tickPending = false
+			e.apply(e.router.Rebalance())
+		}
+		if e.waiting > 0 && !e.tickPending {
+			e.tickPending = true
+			e.push(event{at: e.clock.now + tickEvery, kind: evTick})
+		}
+	}
+	if e.waiting > 0 {
+		return Result{}, fmt.Errorf("policy %s left %d tasks waiting with no event to start them", policy, e.waiting)
+	}
+	return e.result(), nil
+}
+
+func (e *engine) push(ev event) {
+	e.seq++
+	ev.seq = e.seq
+	heap.Push(&e.events, ev)
+}
+
+func (e *engine) seedArrivals(seed uint64) error {
+	a := e.sc.Arrival
+	switch a.Kind {
+	case "closed":
+		e.prodRNG = make([]*rand.Rand, a.Producers)
+		for p := range e.prodRNG {
+			e.prodRNG[p] = rand.New(rand.NewPCG(seed, uint64(100+p)))
+			e.push(event{at: 0, kind: evArrive, producer: p})
+		}
+	case "poisson":
+		e.push(event{at: 0, kind: evArrive, producer: -1})
+	case "trace":
+		lines, err := readTrace(a.File)
+		if err != nil {
+			return err
+		}
+		e.trace = lines
+		for i := range lines {
+			e.push(event{at: lines[i].at, kind: evArrive, producer: -2 - i})
+		}
+	}
+	return nil
+}
+
+// quota is how many tasks producer p sends in a closed loop.
+func (e *engine) quota(p int) int {
+	n, k := e.sc.Tasks, e.sc.Arrival.Producers
+	q := n / k
+	if p < n%k {
+		q++
+	}
+	return q
+}
+
+func (e *engine) arrive(ev event) {
+	r := e.taskRNG
+	if ev.producer >= 0 {
+		r = e.prodRNG[ev.producer]
+	}
+	var li int
+	var label string
+	if ev.producer <= -2 {
+		label = e.trace[-2-ev.producer].label
+		li = -1
+	} else {
+		li = e.pop.draw(r, e.clock.now)
+		label = e.labelNames[li]
+	}
+	t := &simTask{arrived: e.clock.now, producer: ev.producer}
+	if li >= 0 {
+		t.load, t.run = e.loadDist[li].sample(r), e.runDist[li].sample(r)
+	} else {
+		t.load, t.run = e.sc.Load.sample(r), e.sc.Run.sample(r)
+	}
+	e.submitted++
+	t.sched = scheduler.Task{ID: strconv.Itoa(e.submitted), Label: label, Ref: t}
+	e.distinct[label] = struct{}{}
+	e.waiting++
+	out, err := e.router.Submit(&t.sched)
+	if err != nil {
+		panic(fmt.Sprintf("submit: %v", err)) // a fresh task: cannot happen
+	}
+	e.apply(out)
+	if ev.producer == -1 && e.submitted < e.sc.Tasks {
+		e.push(event{at: e.clock.now + e.interarrival(), kind: evArrive, producer: -1})
+	}
+}
+
+func (e *engine) interarrival() time.Duration {
+	rate := e.sc.Arrival.Rate
+	if rate == 0 {
+		capacity := float64(e.sc.Workers.Count*e.sc.Workers.Slots) / e.sc.Run.mean().Seconds()
+		rate = e.sc.Arrival.Utilisation * capacity
+	}
+	return time.Duration(e.taskRNG.ExpFloat64() / rate * float64(time.Second))
+}
+
+func (e *engine) apply(out *scheduler.Outcome) {
+	for _, a := range out.Assigned {
+		t := a.Task.Ref.(*simTask)
+		e.waiting--
+		dur := t.run
+		if a.Load {
+			dur += t.load
+			e.res.Misses++
+		}
+		if a.EvictLabel != "" {
+			e.res.Evictions++
+		}
+		e.res.queueWait += e.clock.now - t.arrived
+		e.busy += dur
+		e.push(event{at: e.clock.now + dur, kind: evFinish, task: t, worker: a.WorkerID, load: a.Load})
+	}
+	for range out.Failed {
+		e.waiting--
+		e.res.Failed++
+	}
+}
+
+func (e *engine) finish(ev event) {
+	t := ev.task
+	obs := scheduler.Observation{Loaded: ev.load, RunTime: t.run}
+	if ev.load {
+		obs.LoadTime = t.load
+	}
+	out, err := e.router.Complete(ev.worker, &t.sched, obs)
+	if err != nil {
+		panic(fmt.Sprintf("complete: %v", err))
+	}
+	e.finished++
+	lat := e.clock.now - t.arrived
+	e.latencies = append(e.latencies, lat.Seconds())
+	e.res.taskRuntime += t.run
+	if ev.load {
+		e.res.taskRuntime += t.load
+	}
+	e.apply(out)
+	if p := t.producer; p >= 0 {
+		e.res.sent[p]++
+		if e.res.sent[p] < e.quota(p) {
+			a := e.sc.Arrival
+			wait := time.Duration(e.prodRNG[p].NormFloat64()*float64(a.WaitStddev) + float64(a.WaitAvg))
+			e.push(event{at: e.clock.now + max(wait, a.MinWait.D()), kind: evArrive, producer: p})
+		}
+	}
+}
+
+func readTrace(path string) ([]traceLine, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("trace: %w", err)
+	}
+	defer f.Close()
+	var out []traceLine
+	sc := bufio.NewScanner(f)
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		ts, label, ok := strings.Cut(line, ",")
+		secs, err := strconv.ParseFloat(strings.TrimSpace(ts), 64)
+		if !ok || err != nil || secs < 0 || strings.TrimSpace(label) == "" {
+			return nil, fmt.Errorf("trace %s line %d: want \"seconds,label\", got %q", path, n, line)
+		}
+		out = append(out, traceLine{at: time.Duration(secs * float64(time.Second)), label: strings.TrimSpace(label)})
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("trace: %w", err)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("trace: no tasks")
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].at < out[j].at })
+	return out, nil
+}

@@ -1,0 +1,187 @@
+package sim
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+func builtin(t testing.TB, name string) Scenario {
+	t.Helper()
+	sc, ok := Builtin(name)
+	if !ok {
+		t.Fatalf("no built-in %s", name)
+	}
+	if err := sc.Validate(); err != nil {
+		t.Fatalf("built-in %s invalid: %v", name, err)
+	}
+	return sc
+}
+
+func result(t *testing.T, rep Report, policy string) Result {
+	t.Helper()
+	for _, r := range rep.Results {
+		if r.Policy == policy {
+			return r
+		}
+	}
+	t.Fatalf("no result for %s", policy)
+	return Result{}
+}
+
+// The same seed gives the same figures: the simulator is deterministic.
+func TestDeterministic(t *testing.T) {
+	t.Parallel()
+	sc := builtin(t, "seed-5")
+	a, err := Compare(sc, Policies, 7, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := Compare(sc, Policies, 7, Options{})
+	if !reflect.DeepEqual(a.Results, b.Results) {
+		t.Fatalf("same seed, different results:\n%+v\n%+v", a.Results, b.Results)
+	}
+	c, _ := Compare(sc, Policies, 8, Options{})
+	if reflect.DeepEqual(a.Results, c.Results) {
+		t.Fatal("another seed gave identical results")
+	}
+}
+
+// The seed's scenarios: every task completes; ours meets the issue's targets (seed-4: at
+// most 8 misses; seed-5: at most 520) with a lower mean latency than the seed's
+// routing; random and the seed's routing land near the seed's published misses.
+func TestSeedScenarios(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name                string
+		oursMax             int
+		randomNear, seedMax int
+	}{
+		{"seed-4", 8, 1193, 300},
+		{"seed-5", 520, 1448, 650},
+	}
+	for _, c := range cases {
+		rep, err := Compare(builtin(t, c.name), Policies, 1, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ours, greedy, random := result(t, rep, "ours"), result(t, rep, "seed-greedy"), result(t, rep, "random")
+		for _, r := range rep.Results {
+			if r.Tasks != 2400 || r.Failed != 0 || r.Compulsory > r.Misses {
+				t.Errorf("%s %s: %+v", c.name, r.Policy, r)
+			}
+		}
+		if ours.Misses > c.oursMax || ours.MeanLatency >= greedy.MeanLatency {
+			t.Errorf("%s: ours %d misses, mean %.4fs; want <= %d and below seed-greedy's %.4fs",
+				c.name, ours.Misses, ours.MeanLatency, c.oursMax, greedy.MeanLatency)
+		}
+		if d := random.Misses - c.randomNear; d < -120 || d > 120 || greedy.Misses > c.seedMax {
+			t.Errorf("%s: random %d misses (seed published %d), seed-greedy %d", c.name, random.Misses, c.randomNear, greedy.Misses)
+		}
+	}
+}
+
+func TestParseScenario(t *testing.T) {
+	t.Parallel()
+	yamlText := `
+name: tiny
+workers: {count: 2, max_labels: 1, slots: 1}
+labels: {count: 3, popularity: zipf, exponent: 1.2}
+load: {kind: fixed, value: 1s}
+run: {kind: uniform, min: 10ms, max: 30ms}
+arrival: {kind: poisson, rate: 5}
+tasks: 50
+`
+	sc, err := Parse([]byte(yamlText))
+	if err != nil {
+		t.Fatal(err)
+	}
+	jsonText := `{"name":"tiny","workers":{"count":2,"max_labels":1,"slots":1},"labels":{"count":3,"popularity":"zipf","exponent":1.2},
+"load":{"kind":"fixed","value":"1s"},"run":{"kind":"uniform","min":"10ms","max":"30ms"},"arrival":{"kind":"poisson","rate":5},"tasks":50}`
+	sj, err := Parse([]byte(jsonText))
+	if err != nil || !reflect.DeepEqual(sc, sj) {
+		t.Fatalf("YAML and JSON differ: %+v / %+v (%v)", sc, sj, err)
+	}
+	if _, err := Parse([]byte(yamlText + "colour: red\n")); err == nil || !strings.Contains(err.Error(), "colour") {
+		t.Fatalf("unknown field: %v", err)
+	}
+	bad := strings.Replace(yamlText, "rate: 5", "rate: 5, utilisation: 0.5", 1)
+	if _, err := Parse([]byte(bad)); err == nil || !strings.Contains(err.Error(), "exactly one of rate and utilisation") {
+		t.Fatalf("rate and utilisation: %v", err)
+	}
+	if _, err := Parse([]byte(strings.Replace(yamlText, "value: 1s", "value: soon", 1))); err == nil {
+		t.Fatal("bad duration accepted")
+	}
+	rep, err := Compare(sc, Policies, 3, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rep.Results {
+		if r.Tasks != 50 {
+			t.Errorf("%s ran %d tasks", r.Policy, r.Tasks)
+		}
+	}
+}
+
+func TestTraceArrivals(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	trace := "# seconds,label\n0.0,a\n0.1,b\n0.2,a\n5,a\n"
+	if err := os.WriteFile(filepath.Join(dir, "trace.csv"), []byte(trace), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	scen := `{"name":"trace","workers":{"count":1,"max_labels":1,"slots":1},"labels":{"count":1},
+"load":{"kind":"fixed","value":"1s"},"run":{"kind":"fixed","value":"100ms"},"arrival":{"kind":"trace","file":"trace.csv"}}`
+	path := filepath.Join(dir, "s.json")
+	os.WriteFile(path, []byte(scen), 0o600)
+	sc, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := Run(sc, "ours", 1, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One worker, one label at a time: a, b, a are three loads; the a at 5 s is a hit.
+	if r.Tasks != 4 || r.Misses != 3 || r.Compulsory != 2 {
+		t.Fatalf("trace result %+v", r)
+	}
+	os.WriteFile(filepath.Join(dir, "trace.csv"), []byte("zero,a\n"), 0o600)
+	if _, err := Run(sc, "ours", 1, Options{}); err == nil || !strings.Contains(err.Error(), "line 1") {
+		t.Fatalf("bad trace: %v", err)
+	}
+}
+
+// The seed's closed loop never pauses less than the floor between a result and the
+// next request of the same producer.
+func TestClosedLoopMinimumWait(t *testing.T) {
+	t.Parallel()
+	sc := builtin(t, "seed-4")
+	sc.Arrival.WaitAvg = 0
+	sc.Arrival.WaitStddev = 0
+	sc.Tasks = 100
+	r, err := Run(sc, "ours", 1, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 50 tasks per producer, each at least 100 ms apart: at least 49 × 100 ms.
+	if r.Makespan < (49 * 100 * time.Millisecond).Seconds() {
+		t.Fatalf("makespan %.2fs: pauses below the 100 ms floor", r.Makespan)
+	}
+}
+
+// BenchmarkSimulate reports simulated tasks per second of real time (the issue asks for
+// at least a million a minute on one core: 16,667/s).
+func BenchmarkSimulate(b *testing.B) {
+	sc := builtin(b, "fleet")
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		if _, err := Run(sc, "ours", 1, Options{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(sc.Tasks*b.N)/b.Elapsed().Seconds(), "tasks/s")
+}
