@@ -34,6 +34,9 @@ type Options struct {
 	// MaxPassOver is ours' starvation bound (scheduler.Config.MaxPassOver); zero means
 	// the scheduler's default.
 	MaxPassOver time.Duration
+	// PassOverLoads is ours' pass-over bound in loads of the task's label
+	// (scheduler.Config.PassOverLoads); zero means the scheduler's default.
+	PassOverLoads float64
 }
 
 // NewRouter builds a policy on a clock.
@@ -41,7 +44,7 @@ func NewRouter(policy string, clock scheduler.Clock, seed uint64, sc Scenario, o
 	switch policy {
 	case "ours":
 		return scheduler.New(scheduler.Config{Policy: scheduler.PolicyAffinity, Seed: seed,
-			LoadTimePrior: sc.Load.mean(), RunTimePrior: sc.Run.mean(), MaxPassOver: opt.MaxPassOver}, clock)
+			LoadTimePrior: sc.Load.mean(), RunTimePrior: sc.Run.mean(), MaxPassOver: opt.MaxPassOver, PassOverLoads: opt.PassOverLoads}, clock)
 	case "random":
 		return scheduler.New(scheduler.Config{Policy: scheduler.PolicyRandom, Seed: seed}, clock)
 	case "seed-greedy":

@@ -185,3 +185,25 @@ func BenchmarkSimulate(b *testing.B) {
 	}
 	b.ReportMetric(float64(sc.Tasks*b.N)/b.Elapsed().Seconds(), "tasks/s")
 }
+
+// The fleet scenario's targets (issue 3): ours at most half the p99 latency of
+// seed-greedy and at most 0.7× that of ray-like, with at most half the misses of
+// seed-greedy.
+func TestFleetTargets(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("fleet simulates 150,000 tasks")
+	}
+	rep, err := Compare(builtin(t, "fleet"), []string{"seed-greedy", "ray-like", "ours"}, 1, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ours, greedy, ray := result(t, rep, "ours"), result(t, rep, "seed-greedy"), result(t, rep, "ray-like")
+	if ours.Tasks != 50_000 || ours.Failed != 0 {
+		t.Fatalf("ours: %+v", ours)
+	}
+	if ours.P99Latency > 0.5*greedy.P99Latency || ours.P99Latency > 0.7*ray.P99Latency || 2*ours.Misses > greedy.Misses {
+		t.Fatalf("ours p99 %.1fs, %d misses; seed-greedy p99 %.1fs, %d misses; ray-like p99 %.1fs",
+			ours.P99Latency, ours.Misses, greedy.P99Latency, greedy.Misses, ray.P99Latency)
+	}
+}

@@ -178,7 +178,7 @@ func liveHead(t *testing.T, s *Scheduler) {
 		return
 	}
 	ls := s.labels[head.Label]
-	if ls.active > 0 && !s.overdue(head) && s.clock.Now().Sub(head.Enqueued) < s.cfg.MaxPassOver {
+	if ls.active > 0 && !s.overdue(head) && !s.passedOverTooLong(head) {
 		return
 	}
 	for i := 0; i < s.free.len(); i++ {

@@ -43,9 +43,14 @@ type Config struct {
 	// MaxAttempts bounds how many times a task is started before it fails because its
 	// workers kept disappearing. Zero means 3.
 	MaxAttempts int
-	// MaxPassOver bounds how long a queued task may be passed over by workers that
-	// prefer tasks for labels they hold. Zero means 2s.
-	MaxPassOver time.Duration
+	// MaxPassOver and PassOverLoads bound how long a queued task may be passed over by
+	// workers that prefer tasks for labels they hold: the larger of MaxPassOver and
+	// PassOverLoads times the learned load time of the task's label. Scaling with the
+	// load keeps the bound from turning an overloaded queue into FIFO, where every
+	// freed worker loads for one old task instead of serving a backlog it holds.
+	// Zero means 2s and 100.
+	MaxPassOver   time.Duration
+	PassOverLoads float64
 	// LoadTimePrior and RunTimePrior are the estimates used for a label before any
 	// observation. Zero means 400ms and 50ms (the seed's figures).
 	LoadTimePrior time.Duration
@@ -65,6 +70,9 @@ func (c Config) WithDefaults() Config {
 	if c.MaxPassOver == 0 {
 		c.MaxPassOver = 2 * time.Second
 	}
+	if c.PassOverLoads == 0 {
+		c.PassOverLoads = 100
+	}
 	if c.LoadTimePrior == 0 {
 		c.LoadTimePrior = 400 * time.Millisecond
 	}
@@ -83,8 +91,8 @@ func (c Config) validate() error {
 	if c.MaxAttempts < 1 {
 		return fmt.Errorf("scheduler: MaxAttempts must be at least 1, got %d", c.MaxAttempts)
 	}
-	if c.MaxPassOver < 0 || c.LoadTimePrior < 0 || c.RunTimePrior < 0 {
-		return errors.New("scheduler: MaxPassOver, LoadTimePrior and RunTimePrior must not be negative")
+	if c.MaxPassOver < 0 || c.PassOverLoads < 0 || c.LoadTimePrior < 0 || c.RunTimePrior < 0 {
+		return errors.New("scheduler: MaxPassOver, PassOverLoads, LoadTimePrior and RunTimePrior must not be negative")
 	}
 	return nil
 }
@@ -603,6 +611,12 @@ func (s *Scheduler) loadBeatsWait(label string, ls *labelState, ahead int) bool 
 	return st.load+st.run < wait
 }
 
+// passedOverTooLong reports whether a queued task has waited past its pass-over bound.
+func (s *Scheduler) passedOverTooLong(t *Task) bool {
+	bound := max(s.cfg.MaxPassOver, time.Duration(s.cfg.PassOverLoads*float64(s.stats(t.Label).load)))
+	return s.clock.Now().Sub(t.Enqueued) >= bound
+}
+
 // overdue reports whether a queued task has already waited longer than a load and a
 // run would have taken: the estimate that made it wait was wrong (a long task on the
 // holder), so a free worker should load its label rather than keep it waiting.
@@ -747,8 +761,8 @@ func (s *Scheduler) pick(w *worker) *Task {
 		}
 		return nil
 	}
-	// Rule 4: no task is passed over for longer than MaxPassOver.
-	if s.clock.Now().Sub(head.Enqueued) >= s.cfg.MaxPassOver && s.canTake(w, head) {
+	// Rule 4: no task is passed over for longer than its bound.
+	if s.passedOverTooLong(head) && s.canTake(w, head) {
 		return head
 	}
 	// The oldest task for a label this worker holds.

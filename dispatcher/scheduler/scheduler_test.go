@@ -151,7 +151,7 @@ func TestWaitOrLoad(t *testing.T) {
 // older task for another label waits.
 func TestFreedWorkerPrefersItsLabels(t *testing.T) {
 	t.Parallel()
-	b := setup(t, Config{MaxPassOver: time.Hour})
+	b := setup(t, Config{MaxPassOver: time.Hour, PassOverLoads: 1})
 	b.worker("w1", 2, 1, "a")
 	running := b.task("a")
 	one(t, b.submit(running))
@@ -173,7 +173,7 @@ func TestFreedWorkerPrefersItsLabels(t *testing.T) {
 // Rule 4's bound: a task passed over for MaxPassOver goes first.
 func TestNoStarvation(t *testing.T) {
 	t.Parallel()
-	b := setup(t, Config{MaxPassOver: time.Second})
+	b := setup(t, Config{MaxPassOver: time.Second, PassOverLoads: 1}) // bound max(1s, 1 × 400ms)
 	b.worker("w1", 1, 1, "a")
 	running := b.task("a")
 	one(t, b.submit(running))
@@ -398,5 +398,28 @@ func TestRequeueRefusedAttempt(t *testing.T) {
 	}
 	if _, err := b.s.Requeue("w2", task); !errors.Is(err, ErrUnknownTask) {
 		t.Fatalf("requeue of a finished task: %v", err)
+	}
+}
+
+// The pass-over bound scales with the label's load time: a task for a label that takes
+// long to load is passed over longer before a worker drops its own backlog for it.
+func TestPassOverBoundScalesWithLoadTime(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{MaxPassOver: time.Second, PassOverLoads: 10, LoadTimePrior: time.Second})
+	b.worker("w1", 1, 1, "a")
+	running := b.task("a")
+	one(t, b.submit(running))
+	starving := b.task("b")
+	none(t, b.submit(starving))
+	mine := b.task("a")
+	none(t, b.submit(mine))
+	b.clock.advance(5 * time.Second) // past MaxPassOver, within 10 loads of 1s
+	if a := one(t, b.complete(running, false)); a.Task != mine {
+		t.Fatalf("took %s, want the worker's own backlog (%s) within the bound", a.Task.ID, mine.ID)
+	}
+	b.clock.advance(5 * time.Second) // now 10 s: past the bound
+	none(t, b.submit(b.task("a")))
+	if a := one(t, b.complete(mine, false)); a.Task != starving {
+		t.Fatalf("took %s, want the starving %s", a.Task.ID, starving.ID)
 	}
 }

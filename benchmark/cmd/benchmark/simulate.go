@@ -27,7 +27,8 @@ func simulate(args []string, stdout, stderr io.Writer) int {
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	chart := fs.String("chart", "", "write an SVG chart of the comparison to this file")
 	var opt sim.Options
-	fs.DurationVar(&opt.MaxPassOver, "max-pass-over", 0, "ours: how long a task may be passed over (0: the scheduler's default)")
+	fs.DurationVar(&opt.MaxPassOver, "max-pass-over", 0, "ours: floor of how long a task may be passed over (0: the scheduler's default, 2s)")
+	fs.Float64Var(&opt.PassOverLoads, "pass-over-loads", 0, "ours: how long a task may be passed over, in loads of its label (0: the scheduler's default, 100)")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
 			return 0
