@@ -636,7 +636,7 @@ func (s *Scheduler) canTake(w *worker, t *Task) bool {
 }
 
 // loadTarget picks a free worker to load t's label on: one with room first; otherwise
-// among a few free workers the one whose least recently used label is the oldest.
+// among a few free workers the one whose eviction loses least (see evictionCost).
 func (s *Scheduler) loadTarget(t *Task) *worker {
 	for i, n := s.roomy.len()-1, 0; i >= 0 && n < placeTries; i, n = i-1, n+1 {
 		if w := s.roomy.at(i); s.canTake(w, t) {
@@ -644,18 +644,18 @@ func (s *Scheduler) loadTarget(t *Task) *worker {
 		}
 	}
 	var best *worker
-	var bestUse uint64
+	var bestCost evictionCost
 	for i, n := s.free.len()-1, 0; i >= 0 && n < placeTries; i, n = i-1, n+1 {
 		w := s.free.at(i)
 		if !s.canTake(w, t) {
 			continue
 		}
-		v := s.lruVictim(w)
-		if v < 0 { // holds the label already (a doomed copy is refused above)
-			return w
+		if w.find(t.Label) >= 0 {
+			return w // holds it (a doomed copy is refused by canTake)
 		}
-		if best == nil || w.held[v].lastUse < bestUse {
-			best, bestUse = w, w.held[v].lastUse
+		v, c := s.victim(w)
+		if v >= 0 && (best == nil || c.less(bestCost)) {
+			best, bestCost = w, c
 		}
 	}
 	return best
@@ -862,7 +862,7 @@ func (s *Scheduler) addHeld(w *worker, label string, pending bool) {
 	} else {
 		h = new(heldLabel)
 	}
-	*h = heldLabel{label: label, lastUse: s.useTick, pending: pending, idlePos: -1, state: ls}
+	*h = heldLabel{label: label, lastUse: s.useTick, pending: pending, idlePos: -1, state: ls, loadedAt: s.clock.Now()}
 	w.held = append(w.held, h)
 	ls.holders++
 	if w.accepting {
@@ -906,17 +906,59 @@ func (s *Scheduler) dropHeld(w *worker, i int) {
 	s.spareHeld = append(s.spareHeld, h)
 }
 
-// lruVictim is the index of w's least recently used label with no running task, or -1.
-func (s *Scheduler) lruVictim(w *worker) int {
-	v := -1
-	for i := range w.held {
-		if w.held[i].inUse > 0 {
+// evictionCost ranks w's labels as eviction victims; lower loses less. In order: a
+// label with tasks queued for it goes last (they would need it reloaded); then one
+// loaded moments ago, within two of its loads (the churn guard: evicting it now wastes
+// the load just paid for); then the sole copy of a label (a replica, a cold copy of a
+// label others hold, goes first); then the least recently used.
+type evictionCost struct {
+	queued, fresh, sole bool
+	lastUse             uint64
+}
+
+func (a evictionCost) less(b evictionCost) bool {
+	if a.queued != b.queued {
+		return !a.queued
+	}
+	if a.fresh != b.fresh {
+		return !a.fresh
+	}
+	if a.sole != b.sole {
+		return !a.sole
+	}
+	return a.lastUse < b.lastUse
+}
+
+func (s *Scheduler) costOf(h *heldLabel) evictionCost {
+	if s.cfg.Policy == PolicyRandom { // the baseline evicts plain LRU
+		return evictionCost{lastUse: h.lastUse}
+	}
+	return evictionCost{
+		queued:  h.state.queued > 0,
+		fresh:   s.clock.Now().Sub(h.loadedAt) < 2*s.stats(h.label).load,
+		sole:    h.state.holders == 1,
+		lastUse: h.lastUse,
+	}
+}
+
+// victim is the index of the label w should evict (none with a running task), with its
+// cost, or -1.
+func (s *Scheduler) victim(w *worker) (int, evictionCost) {
+	v, best := -1, evictionCost{}
+	for i, h := range w.held {
+		if h.inUse > 0 {
 			continue
 		}
-		if v < 0 || w.held[i].lastUse < w.held[v].lastUse {
-			v = i
+		if c := s.costOf(h); v < 0 || c.less(best) {
+			v, best = i, c
 		}
 	}
+	return v, best
+}
+
+// lruVictim is victim without the cost, for callers that only need the index.
+func (s *Scheduler) lruVictim(w *worker) int {
+	v, _ := s.victim(w)
 	return v
 }
 

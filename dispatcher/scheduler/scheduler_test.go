@@ -3,6 +3,7 @@ package scheduler
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 )
@@ -421,5 +422,68 @@ func TestPassOverBoundScalesWithLoadTime(t *testing.T) {
 	none(t, b.submit(b.task("a")))
 	if a := one(t, b.complete(mine, false)); a.Task != starving {
 		t.Fatalf("took %s, want the starving %s", a.Task.ID, starving.ID)
+	}
+}
+
+// Eviction weighs what a label's loss costs: a label with tasks queued for it is kept
+// while another can go, even when it is the least recently used.
+func TestEvictionKeepsLabelWithQueuedTasks(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{MaxPassOver: time.Second, PassOverLoads: 1})
+	b.worker("w", 3, 2, "b", "a", "d") // b least recently used
+	runningA := b.task("a")
+	one(t, b.submit(runningA))
+	b.worker("other", 1, 1, "z")
+	busyZ := b.task("z")
+	one(t, b.submit(busyZ))
+	// Fill w's second slot too, so that tasks queue.
+	runningA2 := b.task("a")
+	one(t, b.submit(runningA2))
+	aged := b.task("c") // nobody holds c and no worker is free: it waits
+	none(t, b.submit(aged))
+	queuedB := b.task("b")
+	if as := b.submit(queuedB); len(as) != 0 { // w is full; b waits for it
+		t.Fatalf("b task assigned: %+v", as)
+	}
+	b.clock.advance(2 * time.Second) // c is passed over too long now
+	b.complete(runningA2, false)     // w frees one slot: the aged head c goes first
+	v, _ := b.s.Worker("w")
+	got := fmt.Sprint(v.Labels)
+	if !strings.Contains(got, "b") || strings.Contains(got, "d") {
+		t.Fatalf("w holds %s: want b (queued tasks) kept and d evicted", got)
+	}
+}
+
+// The churn guard: a label loaded moments ago is not evicted at once when another can go.
+func TestChurnGuard(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{LoadTimePrior: time.Second})
+	b.worker("w", 2, 1, "q", "p") // least recently used first: q
+	b.clock.advance(10 * time.Second)
+	r := b.task("r")
+	if a := one(t, b.submit(r)); a.EvictLabel != "q" { // q is least recently used
+		t.Fatalf("first load evicted %q, want q", a.EvictLabel)
+	}
+	b.complete(r, true)
+	p := b.task("p") // p is now more recently used than the fresh r
+	one(t, b.submit(p))
+	b.complete(p, false)
+	b.clock.advance(500 * time.Millisecond) // r loaded 0.5 s ago: within 2 loads
+	if a := one(t, b.submit(b.task("s"))); a.EvictLabel != "p" {
+		t.Fatalf("evicted %q, want p: r was loaded moments ago", a.EvictLabel)
+	}
+}
+
+// A copy of a label other workers also hold goes before a sole copy.
+func TestEvictionPrefersReplica(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	b.worker("w", 2, 1, "sole", "shared") // sole is least recently used
+	b.worker("other", 1, 1, "shared")
+	hold := b.task("shared")
+	one(t, b.submit(hold)) // keeps "other" busy so the next load lands on w
+	b.clock.advance(time.Minute)
+	if a := one(t, b.submit(b.task("new"))); a.WorkerID != "w" || a.EvictLabel != "shared" {
+		t.Fatalf("got %+v, want w evicting its replica of shared", a)
 	}
 }

@@ -111,6 +111,8 @@ type heldLabel struct {
 	state *labelState
 	// lastUse orders labels by recency of assignment (a logical clock).
 	lastUse uint64
+	// loadedAt is when the label was assigned to (or announced by) the worker.
+	loadedAt time.Time
 	// inUse counts running tasks of this label on the worker; such a label is never
 	// evicted.
 	inUse int

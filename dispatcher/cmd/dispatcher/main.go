@@ -43,6 +43,10 @@ func run() error {
 	uploaderURL := fs.String("uploader-url", "", "uploader service that POST /upload-model is forwarded to")
 	maxQueued := fs.Int("max-queued", 100_000, "tasks waiting for a worker before /run-task answers 429")
 	maxAttempts := fs.Int("max-attempts", 3, "starts of a task before it fails because its workers were lost")
+	loadPrior := fs.Duration("load-time-prior", 400*time.Millisecond, "expected label load time before any is observed")
+	runPrior := fs.Duration("run-time-prior", 50*time.Millisecond, "expected task run time before any is observed")
+	passOver := fs.Duration("max-pass-over", 2*time.Second, "floor of how long a task may be passed over for other labels' backlogs")
+	passOverLoads := fs.Float64("pass-over-loads", 100, "how long a task may be passed over, in load times of its label")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return err
 	}
@@ -56,9 +60,10 @@ func run() error {
 	log := zerolog.New(os.Stdout).Level(level).With().Timestamp().Logger()
 
 	d, err := dispatcher.New(dispatcher.Config{
-		Addr:            *addr,
-		RandomDispatch:  *random,
-		Scheduler:       scheduler.Config{Policy: scheduler.Policy(*policy), MaxAttempts: *maxAttempts},
+		Addr:           *addr,
+		RandomDispatch: *random,
+		Scheduler: scheduler.Config{Policy: scheduler.Policy(*policy), MaxAttempts: *maxAttempts,
+			LoadTimePrior: *loadPrior, RunTimePrior: *runPrior, MaxPassOver: *passOver, PassOverLoads: *passOverLoads},
 		TaskTimeout:     *taskTimeout,
 		ShutdownTimeout: *shutdownTimeout,
 		UploaderURL:     *uploaderURL,
