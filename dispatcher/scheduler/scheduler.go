@@ -364,6 +364,14 @@ func (s *Scheduler) Complete(workerID string, t *Task, obs Observation) (*Outcom
 	t.state = stateDone
 	t.worker = nil
 	s.observe(t.Label, obs)
+	if i := w.find(t.Label); i >= 0 && obs.RunTime > 0 {
+		h := w.held[i]
+		if h.runEst == 0 {
+			h.runEst = obs.RunTime
+		} else {
+			h.runEst = ewma(h.runEst, obs.RunTime)
+		}
+	}
 	s.release(w, t.Label, obs.Loaded)
 	s.fill(w)
 	return out, nil
@@ -601,14 +609,77 @@ func (s *Scheduler) rngStart(n int) int {
 	return s.rng.IntN(n)
 }
 
-// loadBeatsWait is the seam for the cost model: true when loading the label on a free
-// worker is expected to finish the task sooner than waiting behind `ahead` queued tasks
-// for the label's busy holders.
+// loadBeatsWait is the cost model of rule 2: true when loading the label on a free
+// worker (its learned load time plus run time) is expected to finish the task sooner
+// than waiting behind `ahead` queued tasks for the label's busy holders, by at least
+// half a load. The margin stands for what a load costs beyond its own time (memory,
+// an eviction that may need reloading later), and it keeps a burst of first requests
+// waiting for the load already under way instead of starting loads elsewhere.
 func (s *Scheduler) loadBeatsWait(label string, ls *labelState, ahead int) bool {
 	st := s.stats(label)
-	perHolder := float64(ahead+1) / float64(ls.active)
-	wait := time.Duration(perHolder * float64(st.run))
-	return st.load+st.run < wait
+	return st.load+st.load/2+st.run < s.expectedWait(label, ls, ahead, st)
+}
+
+// holderSample bounds how many holders the wait estimate looks at, keeping it O(1) in
+// the fleet size.
+const holderSample = 8
+
+// expectedWait estimates how long a task waits for a holder of its label with `ahead`
+// tasks queued before it: the earliest time a holder is expected to free up (what is
+// left of the task it runs, including a load still in progress), plus the queue ahead
+// shared among the holders at the run time each has shown for this label.
+func (s *Scheduler) expectedWait(label string, ls *labelState, ahead int, st estimate) time.Duration {
+	now := s.clock.Now()
+	soonest := time.Duration(-1)
+	var runSum time.Duration
+	n := 0
+	for i := 0; i < ls.all.len() && n < holderSample; i++ {
+		w := ls.all.at(i)
+		h := w.held[w.find(label)]
+		if !w.accepting || h.doomed {
+			continue
+		}
+		n++
+		run := st.run
+		if h.runEst > 0 {
+			run = h.runEst
+		}
+		runSum += run
+		free := s.remaining(w, now)
+		if soonest < 0 || free < soonest {
+			soonest = free
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	perHolder := float64(ahead) / float64(ls.active)
+	return soonest + time.Duration(perHolder*float64(runSum/time.Duration(n))) + runSum/time.Duration(n)
+}
+
+// remaining is how long until w is expected to have a free slot: zero when it has one,
+// else the least time left among its running tasks by their labels' estimates.
+func (s *Scheduler) remaining(w *worker, now time.Time) time.Duration {
+	if len(w.running) < w.slots {
+		return 0
+	}
+	left := time.Duration(-1)
+	for _, t := range w.running {
+		st := s.stats(t.Label)
+		expect := st.run
+		if i := w.find(t.Label); i >= 0 {
+			if w.held[i].runEst > 0 {
+				expect = w.held[i].runEst
+			}
+			if w.held[i].pending {
+				expect += st.load
+			}
+		}
+		if d := max(t.Started.Add(expect).Sub(now), 0); left < 0 || d < left {
+			left = d
+		}
+	}
+	return max(left, 0)
 }
 
 // passedOverTooLong reports whether a queued task has waited past its pass-over bound.
@@ -847,7 +918,7 @@ func (s *Scheduler) label(name string) *labelState {
 func (s *Scheduler) maybeForget(name string, ls *labelState) {
 	if ls.holders == 0 && ls.queued == 0 {
 		delete(s.labels, name)
-		*ls = labelState{idle: workerSet{items: ls.idle.items[:0]}}
+		*ls = labelState{idle: workerSet{items: ls.idle.items[:0]}, all: workerSet{items: ls.all.items[:0]}}
 		s.spareLabels = append(s.spareLabels, ls)
 	}
 }
@@ -862,9 +933,10 @@ func (s *Scheduler) addHeld(w *worker, label string, pending bool) {
 	} else {
 		h = new(heldLabel)
 	}
-	*h = heldLabel{label: label, lastUse: s.useTick, pending: pending, idlePos: -1, state: ls, loadedAt: s.clock.Now()}
+	*h = heldLabel{label: label, lastUse: s.useTick, pending: pending, idlePos: -1, allPos: -1, state: ls, loadedAt: s.clock.Now()}
 	w.held = append(w.held, h)
 	ls.holders++
+	ls.all.add(&h.allPos, w)
 	if w.accepting {
 		ls.active++
 	}
@@ -896,6 +968,7 @@ func (s *Scheduler) dropHeld(w *worker, i int) {
 	if w.accepting && !h.doomed {
 		h.state.active--
 	}
+	h.state.all.remove(h.allPos)
 	h.state.holders--
 	last := len(w.held) - 1
 	w.held[i] = w.held[last]

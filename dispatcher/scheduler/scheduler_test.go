@@ -132,11 +132,12 @@ func TestWaitOrLoad(t *testing.T) {
 	b.worker("spare", 2, 1, "cold")
 	first := b.task("hot")
 	one(t, b.submit(first))
-	// Up to 8 tasks ahead: wait (ahead+1)×50ms <= 450ms load+run: queue for the holder.
-	for i := 0; i < 9; i++ {
+	// With k tasks ahead the wait is 50ms (the running task's rest) + k×50ms + 50ms;
+	// a load costs 400ms + 50ms run + a 200ms margin. Up to 11 ahead: wait.
+	for i := 0; i < 12; i++ {
 		none(t, b.submit(b.task("hot")))
 	}
-	// Nine ahead: 10×50ms > 450ms: load on the spare worker.
+	// Twelve ahead: 700ms > 650ms: load on the spare worker.
 	a := one(t, b.submit(b.task("hot")))
 	if a.WorkerID != "spare" || !a.Load {
 		t.Fatalf("got %+v, want a load on spare", a)
@@ -485,5 +486,38 @@ func TestEvictionPrefersReplica(t *testing.T) {
 	b.clock.advance(time.Minute)
 	if a := one(t, b.submit(b.task("new"))); a.WorkerID != "w" || a.EvictLabel != "shared" {
 		t.Fatalf("got %+v, want w evicting its replica of shared", a)
+	}
+}
+
+// The wait estimate uses the run time a holder has shown for the label and what is
+// left of the task it runs: the same queue is worth waiting for near the end of the
+// holder's task, and not at its start.
+func TestWaitEstimateUsesHolderRunTimeAndRemaining(t *testing.T) {
+	t.Parallel()
+	run := func(elapsed time.Duration) Assignment {
+		b := setup(t, Config{LoadTimePrior: 400 * time.Millisecond, RunTimePrior: 50 * time.Millisecond})
+		b.worker("holder", 1, 1, "m")
+		b.worker("spare", 1, 1, "other")
+		warm := b.task("m")
+		one(t, b.submit(warm))
+		// The holder runs m in 500ms: its own estimate (the label's moves to 140ms).
+		if _, err := b.s.Complete("holder", warm, Observation{RunTime: 500 * time.Millisecond}); err != nil {
+			t.Fatal(err)
+		}
+		one(t, b.submit(b.task("m"))) // the holder is busy from now on
+		b.clock.advance(elapsed)
+		out := b.submit(b.task("m"))
+		if len(out) == 0 {
+			return Assignment{}
+		}
+		return out[0]
+	}
+	// At the start: wait 500ms rest + 500ms run = 1s > load 400 + margin 200 + run 140.
+	if a := run(0); a.WorkerID != "spare" || !a.Load {
+		t.Fatalf("at the start of the holder's task: %+v, want a load on spare", a)
+	}
+	// 400ms in: wait 100ms + 500ms = 600ms < 740ms: wait for the holder.
+	if a := run(400 * time.Millisecond); a.Task != nil {
+		t.Fatalf("near the end of the holder's task: assigned to %s, want it to wait", a.WorkerID)
 	}
 }

@@ -120,8 +120,12 @@ type heldLabel struct {
 	// result: it already counts as held, so a burst of tasks does not start a load on
 	// every worker.
 	pending bool
-	// idlePos is the worker's position in state.idle, -1 when absent.
-	idlePos int
+	// idlePos and allPos are the worker's positions in state.idle and state.all, -1
+	// when absent.
+	idlePos, allPos int
+	// runEst is the run time learned for this label on this worker; zero until the
+	// first result (the label's estimate stands in).
+	runEst time.Duration
 	// doomed marks a label whose load failed while a task still used it: no new task
 	// goes to it, and it is dropped when its last task ends.
 	doomed bool
@@ -133,8 +137,9 @@ type labelState struct {
 	// serve it (accepting, not doomed): the cost model and placement use active.
 	holders int
 	active  int
-	// idle holds the holders that have a free slot.
+	// idle holds the holders that have a free slot; all holds every holder.
 	idle   workerSet
+	all    workerSet
 	queue  labelList
 	queued int
 	est    estimate
