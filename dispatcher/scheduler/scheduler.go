@@ -665,9 +665,15 @@ func (s *Scheduler) remaining(w *worker, now time.Time) time.Duration {
 	}
 	left := time.Duration(-1)
 	for _, t := range w.running {
-		st := s.stats(t.Label)
+		i := w.find(t.Label)
+		var st estimate
+		if i >= 0 {
+			st = s.statsOf(w.held[i].state)
+		} else {
+			st = s.stats(t.Label)
+		}
 		expect := st.run
-		if i := w.find(t.Label); i >= 0 {
+		if i >= 0 {
 			if w.held[i].runEst > 0 {
 				expect = w.held[i].runEst
 			}
@@ -716,15 +722,22 @@ func (s *Scheduler) loadTarget(t *Task) *worker {
 	}
 	var best *worker
 	var bestCost evictionCost
+	now := s.clock.Now()
 	for i, n := s.free.len()-1, 0; i >= 0 && n < placeTries; i, n = i-1, n+1 {
 		w := s.free.at(i)
-		if !s.canTake(w, t) {
+		if j := w.find(t.Label); j >= 0 {
+			if !w.held[j].doomed {
+				return w // holds it already
+			}
 			continue
 		}
-		if w.find(t.Label) >= 0 {
-			return w // holds it (a doomed copy is refused by canTake)
+		if !w.canLoad(t.Label) {
+			continue
 		}
-		v, c := s.victim(w)
+		if len(w.held) < w.capacity {
+			return w
+		}
+		v, c := s.victim(w, now)
 		if v >= 0 && (best == nil || c.less(bestCost)) {
 			best, bestCost = w, c
 		}
@@ -1002,13 +1015,13 @@ func (a evictionCost) less(b evictionCost) bool {
 	return a.lastUse < b.lastUse
 }
 
-func (s *Scheduler) costOf(h *heldLabel) evictionCost {
+func (s *Scheduler) costOf(h *heldLabel, now time.Time) evictionCost {
 	if s.cfg.Policy == PolicyRandom { // the baseline evicts plain LRU
 		return evictionCost{lastUse: h.lastUse}
 	}
 	return evictionCost{
 		queued:  h.state.queued > 0,
-		fresh:   s.clock.Now().Sub(h.loadedAt) < 2*s.stats(h.label).load,
+		fresh:   now.Before(h.loadedAt.Add(2 * s.statsOf(h.state).load)),
 		sole:    h.state.holders == 1,
 		lastUse: h.lastUse,
 	}
@@ -1016,13 +1029,13 @@ func (s *Scheduler) costOf(h *heldLabel) evictionCost {
 
 // victim is the index of the label w should evict (none with a running task), with its
 // cost, or -1.
-func (s *Scheduler) victim(w *worker) (int, evictionCost) {
+func (s *Scheduler) victim(w *worker, now time.Time) (int, evictionCost) {
 	v, best := -1, evictionCost{}
 	for i, h := range w.held {
 		if h.inUse > 0 {
 			continue
 		}
-		if c := s.costOf(h); v < 0 || c.less(best) {
+		if c := s.costOf(h, now); v < 0 || c.less(best) {
 			v, best = i, c
 		}
 	}
@@ -1031,7 +1044,7 @@ func (s *Scheduler) victim(w *worker) (int, evictionCost) {
 
 // lruVictim is victim without the cost, for callers that only need the index.
 func (s *Scheduler) lruVictim(w *worker) int {
-	v, _ := s.victim(w)
+	v, _ := s.victim(w, s.clock.Now())
 	return v
 }
 

@@ -284,8 +284,11 @@ func ewma(old, sample time.Duration) time.Duration {
 	return old + time.Duration(ewmaWeight*float64(sample-old))
 }
 
-func (s *Scheduler) stats(label string) estimate {
-	if ls := s.labels[label]; ls != nil && ls.observed {
+func (s *Scheduler) stats(label string) estimate { return s.statsOf(s.labels[label]) }
+
+// statsOf is stats for a label whose state the caller has at hand (nil: unknown).
+func (s *Scheduler) statsOf(ls *labelState) estimate {
+	if ls != nil && ls.observed {
 		return ls.est
 	}
 	return estimate{load: s.cfg.LoadTimePrior, run: s.cfg.RunTimePrior}
