@@ -154,7 +154,7 @@ func (h *hub) apply(out *scheduler.Outcome) {
 			TaskType:       rec.taskType,
 			Label:          a.Task.Label,
 			ParametersJson: rec.params,
-			DeadlineUnixMs: a.Task.Deadline.UnixMilli(),
+			DeadlineUnixMs: ceilMilli(a.Task.Deadline),
 			EvictLabel:     a.EvictLabel,
 		}}}
 		b, err := frame.Encode(nil, env)
@@ -304,7 +304,7 @@ func (h *hub) onResult(wc *workerConn, res *pb.TaskResult) {
 	case res.GetOk():
 		rec.result = resultJSON(res.GetResult())
 		h.finish(rec, statusCompleted, http.StatusOK, "")
-	case !rec.sched.Deadline.IsZero() && !h.clock.Now().Before(rec.sched.Deadline):
+	case res.GetDeadlineExceeded() || (!rec.sched.Deadline.IsZero() && !h.clock.Now().Before(rec.sched.Deadline)):
 		h.finish(rec, statusFailed, http.StatusGatewayTimeout, "deadline exceeded while running: "+res.GetError())
 	default:
 		h.finish(rec, statusFailed, http.StatusBadGateway, "worker error: "+res.GetError())
@@ -441,6 +441,16 @@ func (h *hub) closeWorkers(d *Disconnect) []*workerConn {
 		wc.close(d)
 	}
 	return conns
+}
+
+// ceilMilli rounds a deadline up to whole milliseconds for the wire, so that a worker
+// never gives up before the dispatcher's own deadline.
+func ceilMilli(t time.Time) int64 {
+	ms := t.UnixMilli()
+	if t.Sub(time.UnixMilli(ms)) > 0 {
+		ms++
+	}
+	return ms
 }
 
 var errNoUploader = errors.New("no uploader service is configured (start the dispatcher with --uploader-url)")

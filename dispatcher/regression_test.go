@@ -3,6 +3,8 @@ package dispatcher
 import (
 	"testing"
 	"time"
+
+	pb "github.com/smartroute/smartroute/proto/smartroutev1"
 )
 
 // Tests from a review of the hub: each reproduced a bug before its fix.
@@ -72,5 +74,34 @@ func TestRequeuedTaskReadsQueued(t *testing.T) {
 	}
 	if _, v := b.get("/tasks/q1"); v["status"] != "queued" || v["worker_id"] != nil {
 		t.Fatalf("requeued task reads %v on %v", v["status"], v["worker_id"])
+	}
+}
+
+// A worker that stopped an attempt at its deadline gets the producer a 504, even when
+// the result arrives before the dispatcher's own clock reaches the deadline (the
+// deadline travels in whole milliseconds, and two hosts' clocks differ).
+func TestWorkerDeadlineGives504(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	w := b.dial("w1", "m")
+	ans := b.postAsync(`{"task_id":"d1","task_type":"x","label":"m","timeout_ms":60000}`)
+	a := w.assignment()
+	w.write(&pb.Envelope{Body: &pb.Envelope_Result{Result: &pb.TaskResult{
+		TaskId: a.TaskId, Attempt: a.Attempt, Error: "deadline exceeded", DeadlineExceeded: true}}})
+	if got := <-ans; got.status != 504 {
+		t.Fatalf("answer %v, want 504", got)
+	}
+}
+
+func TestCeilMilli(t *testing.T) {
+	t.Parallel()
+	base := time.UnixMilli(1_700_000_000_000)
+	for _, c := range []struct {
+		in   time.Time
+		want int64
+	}{{base, base.UnixMilli()}, {base.Add(time.Nanosecond), base.UnixMilli() + 1}, {base.Add(999 * time.Microsecond), base.UnixMilli() + 1}} {
+		if got := ceilMilli(c.in); got != c.want {
+			t.Errorf("ceilMilli(%v) = %d, want %d", c.in, got, c.want)
+		}
 	}
 }

@@ -662,9 +662,12 @@ type TaskResult struct {
 	// True when the attempt never started (the worker is draining, its backend is
 	// unavailable, or it has no free slot): the dispatcher runs the task elsewhere
 	// instead of failing it.
-	Refused       bool `protobuf:"varint,10,opt,name=refused,proto3" json:"refused,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Refused bool `protobuf:"varint,10,opt,name=refused,proto3" json:"refused,omitempty"`
+	// True when the attempt stopped because deadline_unix_ms passed: the dispatcher
+	// answers 504 whatever its own clock says (clocks of two hosts differ).
+	DeadlineExceeded bool `protobuf:"varint,11,opt,name=deadline_exceeded,json=deadlineExceeded,proto3" json:"deadline_exceeded,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *TaskResult) Reset() {
@@ -763,6 +766,13 @@ func (x *TaskResult) GetEvictedLabel() string {
 func (x *TaskResult) GetRefused() bool {
 	if x != nil {
 		return x.Refused
+	}
+	return false
+}
+
+func (x *TaskResult) GetDeadlineExceeded() bool {
+	if x != nil {
+		return x.DeadlineExceeded
 	}
 	return false
 }
@@ -1038,7 +1048,7 @@ const file_smartroute_v1_worker_proto_rawDesc = "" +
 	"\x0fparameters_json\x18\x05 \x01(\fR\x0eparametersJson\x12(\n" +
 	"\x10deadline_unix_ms\x18\x06 \x01(\x03R\x0edeadlineUnixMs\x12\x1f\n" +
 	"\vevict_label\x18\a \x01(\tR\n" +
-	"evictLabel\"\xad\x02\n" +
+	"evictLabel\"\xda\x02\n" +
 	"\n" +
 	"TaskResult\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x18\n" +
@@ -1052,7 +1062,8 @@ const file_smartroute_v1_worker_proto_rawDesc = "" +
 	"\x0frun_duration_us\x18\b \x01(\x03R\rrunDurationUs\x12#\n" +
 	"\revicted_label\x18\t \x01(\tR\fevictedLabel\x12\x18\n" +
 	"\arefused\x18\n" +
-	" \x01(\bR\arefused\"\xf6\x01\n" +
+	" \x01(\bR\arefused\x12+\n" +
+	"\x11deadline_exceeded\x18\v \x01(\bR\x10deadlineExceeded\"\xf6\x01\n" +
 	"\n" +
 	"LabelEvent\x122\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1e.smartroute.v1.LabelEvent.KindR\x04kind\x12\x14\n" +

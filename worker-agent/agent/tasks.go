@@ -50,6 +50,9 @@ type outcome struct {
 	refused bool // the attempt never started: the dispatcher runs it elsewhere
 }
 
+// deadlineExceeded reports whether the attempt ended because its deadline passed.
+func (o outcome) deadlineExceeded() bool { return errors.Is(o.err, errDeadline) }
+
 // assign starts an assignment in its own goroutine or refuses it at once. It runs on
 // the reader and never blocks.
 func (a *agent) assign(s *session, asg *pb.TaskAssignment) {
@@ -165,14 +168,15 @@ func (a *agent) taskDone(key taskKey) {
 func (a *agent) finish(s *session, asg *pb.TaskAssignment, received time.Time, o outcome) {
 	total := time.Since(received)
 	res := &pb.TaskResult{
-		TaskId:         asg.GetTaskId(),
-		Attempt:        asg.GetAttempt(),
-		Ok:             o.err == nil,
-		LabelMiss:      o.label.miss,
-		LoadDurationUs: o.label.wait.Microseconds(),
-		RunDurationUs:  o.run.Microseconds(),
-		EvictedLabel:   o.label.evicted,
-		Refused:        o.refused,
+		TaskId:           asg.GetTaskId(),
+		Attempt:          asg.GetAttempt(),
+		Ok:               o.err == nil,
+		LabelMiss:        o.label.miss,
+		LoadDurationUs:   o.label.wait.Microseconds(),
+		RunDurationUs:    o.run.Microseconds(),
+		EvictedLabel:     o.label.evicted,
+		Refused:          o.refused,
+		DeadlineExceeded: o.deadlineExceeded(),
 	}
 	if o.err != nil {
 		res.Error = o.err.Error()

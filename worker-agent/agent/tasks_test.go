@@ -374,6 +374,9 @@ func TestRefusedAssignments(t *testing.T) {
 		if r.GetTaskId() != tc.asg.GetTaskId() || r.GetOk() || !strings.Contains(r.GetError(), tc.want) {
 			t.Errorf("result %v, want an error containing %q", r, tc.want)
 		}
+		if late := tc.asg.GetTaskId() == "late"; r.GetDeadlineExceeded() != late {
+			t.Errorf("%s: deadline_exceeded = %v, want %v", tc.asg.GetTaskId(), r.GetDeadlineExceeded(), late)
+		}
 	}
 	if len(p.events) != 0 {
 		t.Errorf("refused tasks caused label events %q", p.eventKinds())
