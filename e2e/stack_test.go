@@ -27,7 +27,7 @@ var (
 	buildErr  error
 )
 
-// binaries builds the dispatcher and the agent once per test run.
+// binaries builds the dispatcher, the agent, the fake Triton and the log collector once per test run.
 func binaries(t *testing.T) string {
 	t.Helper()
 	if testing.Short() {
@@ -38,7 +38,7 @@ func binaries(t *testing.T) string {
 		if buildErr != nil {
 			return
 		}
-		cmd := exec.Command("go", "build", "-o", binDir+"/", "./dispatcher/cmd/dispatcher", "./worker-agent/cmd/worker-agent")
+		cmd := exec.Command("go", "build", "-o", binDir+"/", "./dispatcher/cmd/dispatcher", "./worker-agent/cmd/worker-agent", "./worker-agent/cmd/fake-triton", "./log-collector/cmd/log-collector")
 		cmd.Dir = ".."
 		out, err := cmd.CombinedOutput()
 		if err != nil {

@@ -24,6 +24,8 @@ import (
 	pb "github.com/smartroute/smartroute/proto/smartroutev1"
 	"github.com/smartroute/smartroute/worker-agent/backend"
 	"github.com/smartroute/smartroute/worker-agent/backend/sim"
+	"github.com/smartroute/smartroute/worker-agent/backend/triton"
+	"github.com/smartroute/smartroute/worker-agent/logship"
 )
 
 // Version is reported in the hello's agent string. Set it at build time with
@@ -65,6 +67,7 @@ type agent struct {
 	backend     backend.Backend
 	dialer      *websocket.Dialer
 	agentString string
+	logShip     *logship.Shipper // nil unless LogCollectorURL is set; closed when run returns
 
 	// Set up by start, read-only afterwards.
 	labels   *labelManager
@@ -93,17 +96,37 @@ type agent struct {
 	idle              chan struct{} // closed when tasks empties; a fresh one when it fills
 }
 
-func newAgent(cfg Config) (*agent, error) {
+func newAgent(cfg Config) (_ *agent, err error) {
 	lvl, err := zerolog.ParseLevel(cfg.LogLevel)
 	if err != nil {
 		return nil, err
 	}
-	base := zerolog.New(cfg.LogOutput).Level(lvl).With().Timestamp().Str("worker_id", cfg.WorkerID).Logger()
+	logOut, ship := cfg.LogOutput, (*logship.Shipper)(nil)
+	if cfg.LogCollectorURL != "" { // tee every record into the shipper; it never blocks
+		own := zerolog.New(cfg.LogOutput).Level(lvl).With().Timestamp().Str("worker_id", cfg.WorkerID).Logger()
+		ship, err = logship.New(logship.Config{URL: cfg.LogCollectorURL, WorkerID: cfg.WorkerID, Agent: "worker-agent " + Version, Logger: own})
+		if err != nil {
+			return nil, fmt.Errorf("LogCollectorURL: %w", err)
+		}
+		logOut = zerolog.MultiLevelWriter(cfg.LogOutput, ship)
+		defer func() {
+			if err != nil {
+				_ = ship.Close()
+			}
+		}()
+	}
+	base := zerolog.New(logOut).Level(lvl).With().Timestamp().Str("worker_id", cfg.WorkerID).Logger()
 	b := cfg.Backend
 	if b == nil {
 		switch cfg.BackendName {
 		case sim.Name:
 			if b, err = sim.New(cfg.Sim); err != nil {
+				return nil, fmt.Errorf("backend %s: %w", cfg.BackendName, err)
+			}
+		case triton.Name:
+			tc := cfg.Triton
+			tc.Log = base.With().Str("component", "triton").Logger()
+			if b, err = triton.New(tc); err != nil {
 				return nil, fmt.Errorf("backend %s: %w", cfg.BackendName, err)
 			}
 		default:
@@ -121,6 +144,7 @@ func newAgent(cfg Config) (*agent, error) {
 		backend:     b,
 		dialer:      &websocket.Dialer{HandshakeTimeout: cfg.HandshakeTimeout, Proxy: http.ProxyFromEnvironment},
 		agentString: fmt.Sprintf("worker-agent %s backend=%s", Version, b.Name()),
+		logShip:     ship,
 		workCtx:     workCtx,
 		stopWork:    stopWork,
 		drainCh:     make(chan struct{}),
@@ -131,10 +155,21 @@ func newAgent(cfg Config) (*agent, error) {
 }
 
 func (a *agent) run(ctx context.Context) error {
+	if a.logShip != nil { // runs last: flushes the records up to "worker agent stopped"
+		defer func() {
+			if err := a.logShip.Close(); err != nil {
+				a.log.Warn().Err(err).Msg("log shipping stopped with records undelivered")
+			}
+		}()
+	}
 	defer a.stopBackground()
 	a.log.Info().Str("dispatcher_url", a.cfg.DispatcherURL).Int("max_labels", a.cfg.MaxLabels).
 		Int("slots", a.cfg.Slots).Str("agent", a.agentString).Msg("worker agent starting")
 	if err := a.start(ctx); err != nil {
+		if ctx.Err() != nil { // stopped while waiting for the backend to start
+			a.log.Info().Err(err).Msg("worker agent stopped before it started")
+			return nil
+		}
 		return err
 	}
 	err := a.serve(ctx)
@@ -148,6 +183,13 @@ func (a *agent) run(ctx context.Context) error {
 
 // start learns the backend's labels and health and starts the health poller.
 func (a *agent) start(ctx context.Context) error {
+	if s, ok := a.backend.(backend.Starter); ok {
+		// Triton may still be starting: wait for it (bounded by the backend's own
+		// start timeout) so that the inventory below is true.
+		if err := s.WaitStarted(ctx); err != nil {
+			return fmt.Errorf("backend %s: %w", a.backend.Name(), err)
+		}
+	}
 	ictx, cancel := context.WithTimeout(ctx, a.cfg.HandshakeTimeout)
 	inv, err := a.backend.Inventory(ictx)
 	cancel()

@@ -15,6 +15,7 @@ import (
 	"github.com/smartroute/smartroute/proto/frame"
 	"github.com/smartroute/smartroute/worker-agent/backend"
 	"github.com/smartroute/smartroute/worker-agent/backend/sim"
+	"github.com/smartroute/smartroute/worker-agent/backend/triton"
 )
 
 // Defaults filled in by WithDefaults.
@@ -54,7 +55,8 @@ type Config struct {
 	// backend reports).
 	Labels []string
 
-	// BackendName picks the backend: "sim" is the only one so far. Empty means "sim".
+	// BackendName picks the backend: "sim" (simulated) or "triton" (a Triton server at
+	// Triton.URL). Empty means "sim".
 	// Ignored when Backend is set.
 	BackendName string
 	// Backend, when set, is used instead of building one from BackendName (tests, or a
@@ -63,6 +65,10 @@ type Config struct {
 	// Sim configures the simulated backend. Its zero value is instant loads and runs;
 	// Sim.WorkerID is filled in from WorkerID when empty.
 	Sim sim.Config
+	// Triton configures the Triton backend; its zero value is documented field by field
+	// in triton.Config (http://127.0.0.1:8000, 10m load timeout, input "TEXT", output
+	// "sentence_embedding", ...). Its Log is set by the agent.
+	Triton triton.Config
 
 	// LogLevel is a zerolog level name (debug, info, warn, error). Empty means info.
 	LogLevel string
@@ -74,6 +80,10 @@ type Config struct {
 	CPUProfile string
 	// LogOutput receives the JSON log lines. Nil means standard output.
 	LogOutput io.Writer
+	// LogCollectorURL is the log collector the agent also streams its log records to
+	// (ws://host:8090/ingest; http:// and an empty path are accepted, see
+	// logship.IngestURL). Empty means off: the records go to LogOutput only.
+	LogCollectorURL string
 
 	// DrainTimeout bounds how long a drain waits for in-flight tasks before it cancels
 	// them and leaves their re-queueing to the dispatcher. Zero means 30s.
@@ -200,8 +210,15 @@ func (c Config) validate() error {
 			errs = append(errs, fmt.Errorf("Labels[%d] %q must be a non-empty label without surrounding spaces", i, l))
 		}
 	}
-	if c.Backend == nil && c.BackendName != sim.Name {
-		errs = append(errs, fmt.Errorf("BackendName %q is not a known backend (--backend; known: %s)", c.BackendName, sim.Name))
+	if c.Backend == nil && c.BackendName != sim.Name && c.BackendName != triton.Name {
+		errs = append(errs, fmt.Errorf("BackendName %q is not a known backend (--backend; known: %s, %s)", c.BackendName, sim.Name, triton.Name))
+	}
+	if c.Backend == nil && c.BackendName == triton.Name {
+		if err := c.Triton.WithDefaults().Validate(); err != nil {
+			for line := range strings.SplitSeq(err.Error(), "\n") {
+				errs = append(errs, errors.New("Triton."+line))
+			}
+		}
 	}
 	if _, err := zerolog.ParseLevel(c.LogLevel); err != nil {
 		errs = append(errs, fmt.Errorf("LogLevel %q: %w", c.LogLevel, err))

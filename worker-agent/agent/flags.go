@@ -7,6 +7,8 @@ import (
 	"io"
 	"strings"
 	"time"
+
+	"github.com/smartroute/smartroute/worker-agent/backend/triton"
 )
 
 // Command-line defaults of the simulated backend (the Config zero values mean instant).
@@ -32,13 +34,20 @@ func ConfigFromArgs(args []string, getenv func(string) string, output io.Writer)
 	fs.IntVar(&c.MaxLabels, "max-labels", DefaultMaxLabels, "labels held at once")
 	fs.IntVar(&c.Slots, "slots", DefaultSlots, "tasks run at once")
 	fs.StringVar(&labels, "labels", "", "comma-separated labels this worker may load (default: any)")
-	fs.StringVar(&c.BackendName, "backend", DefaultBackendName, "inference backend: sim")
+	fs.StringVar(&c.BackendName, "backend", DefaultBackendName, "inference backend: sim or triton")
 	fs.DurationVar(&c.Sim.LoadTime, "sim-load-time", DefaultSimLoadTime, "sim backend: time to load a label")
 	fs.DurationVar(&c.Sim.LoadJitter, "sim-load-jitter", 0, "sim backend: largest ± deviation of a load time (0: none)")
 	fs.DurationVar(&c.Sim.RunTime, "sim-run-time", DefaultSimRunTime, "sim backend: time to run a task")
 	fs.DurationVar(&c.Sim.RunJitter, "sim-run-jitter", 0, "sim backend: largest ± deviation of a run time (0: none)")
 	fs.Int64Var(&c.Sim.Seed, "seed", DefaultSimSeed, "sim backend: seed of the jitter (same seed, same durations)")
+	fs.StringVar(&c.Triton.URL, "triton-url", triton.DefaultURL, "triton backend: Triton's HTTP endpoint")
+	fs.DurationVar(&c.Triton.LoadTimeout, "triton-load-timeout", triton.DefaultLoadTimeout, "triton backend: bound of one model load")
+	fs.DurationVar(&c.Triton.UnloadTimeout, "triton-unload-timeout", triton.DefaultUnloadTimeout, "triton backend: bound of one unload, until the model has left UNLOADING")
+	fs.DurationVar(&c.Triton.StartTimeout, "triton-start-timeout", triton.DefaultStartTimeout, "triton backend: how long to wait at start for Triton to be live")
+	fs.StringVar(&c.Triton.TextInput, "triton-text-input", triton.DefaultTextInput, "triton backend: BYTES input that embed_texts fills")
+	fs.StringVar(&c.Triton.EmbeddingOutput, "triton-embedding-output", triton.DefaultEmbeddingOutput, "triton backend: FP32 output embed_texts returns")
 	fs.StringVar(&c.LogLevel, "log-level", DefaultLogLevel, "log level: debug, info, warn, error")
+	fs.StringVar(&c.LogCollectorURL, "log-collector-url", "", "also stream log records to this log collector, e.g. ws://127.0.0.1:8090/ingest (default: off)")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", DefaultDrainTimeout, "how long a drain waits for in-flight tasks")
 	fs.StringVar(&c.CPUProfile, "cpu-prof", "", "write a pprof CPU profile to this file on exit")
 	fs.IntVar(&c.Agents, "agents", 1, "agents to run in this process, named <worker-id>-1..N (load and scale tests)")

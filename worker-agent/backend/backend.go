@@ -1,7 +1,7 @@
 // Package backend defines what the worker agent needs from an inference backend: load
 // and unload labels (models), run tasks on a loaded label, and say what it can load
 // and whether it can take work at all. The built-in simulated backend lives in
-// backend/sim; a Triton backend will implement the same interface.
+// backend/sim; the Triton backend in backend/triton.
 package backend
 
 import (
@@ -48,6 +48,14 @@ type Inventory struct {
 	Loadable []string
 	// Loaded lists the labels loaded already, least recently used first.
 	Loaded []string
+}
+
+// Starter is implemented by a backend that may still be starting when the agent does
+// (a Triton server loading its preloaded models). The agent calls WaitStarted before
+// Inventory and gives up when it returns an error; it returns nil once the backend
+// answers, and must return promptly once its context is done.
+type Starter interface {
+	WaitStarted(ctx context.Context) error
 }
 
 // ErrNotLoaded is returned by Run when the task's label is not loaded.

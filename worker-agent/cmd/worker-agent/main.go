@@ -9,7 +9,13 @@
 //	--max-labels       [MAX_LABELS]       2: labels held at once
 //	--slots            [SLOTS]            1: tasks run at once
 //	--labels           [LABELS]           comma-separated labels this worker may load; empty: any
-//	--backend          [BACKEND]          sim (the only backend so far; any other name is a startup error)
+//	--backend          [BACKEND]          sim, or triton (any other name is a startup error)
+//	--triton-url       [TRITON_URL]       http://127.0.0.1:8000: Triton's HTTP endpoint (triton backend)
+//	--triton-load-timeout   [TRITON_LOAD_TIMEOUT]   10m: bound of one model load
+//	--triton-unload-timeout [TRITON_UNLOAD_TIMEOUT] 2m: bound of one unload, until the model leaves UNLOADING
+//	--triton-start-timeout  [TRITON_START_TIMEOUT]  5m: wait at start for Triton to be live, then exit 1
+//	--triton-text-input     [TRITON_TEXT_INPUT]     TEXT: BYTES input embed_texts fills
+//	--triton-embedding-output [TRITON_EMBEDDING_OUTPUT] sentence_embedding: FP32 output embed_texts returns
 //	--sim-load-time    [SIM_LOAD_TIME]    400ms: simulated load time
 //	--sim-load-jitter  [SIM_LOAD_JITTER]  0: largest ± deviation of a load time, drawn uniformly
 //	--sim-run-time     [SIM_RUN_TIME]     40ms: simulated run time
@@ -17,6 +23,7 @@
 //	--seed             [SEED]             1: seed of the jitter; the same seed gives the same durations
 //	--log-level        [LOG_LEVEL]        info: debug, info, warn or error (JSON lines on stdout)
 //	--drain-timeout    [DRAIN_TIMEOUT]    30s: how long a drain waits for in-flight tasks
+//	--log-collector-url [LOG_COLLECTOR_URL] none: stream logs to a log collector (ws://HOST:8090/ingest) as well as stdout
 //	--agents           [AGENTS]           1: agents in this process, named <worker-id>-1..N (load tests)
 //	--cpu-prof         [CPU_PROF]         none: write a pprof CPU profile here on exit
 //

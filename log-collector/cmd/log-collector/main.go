@@ -1,0 +1,102 @@
+// Command log-collector receives the log streams of smartroute worker agents on
+// /ingest and stores them as JSON lines per worker, with size-based rotation; GET /logs
+// queries them and GET /health answers {"message":"OK"}.
+//
+// Flags (each also read from the environment variable in brackets; a flag given on the
+// command line wins over the variable, which wins over the default):
+//
+//	--addr              [ADDR]              127.0.0.1:8090: listen address
+//	--dir               [DIR]               ./logs: a directory per worker
+//	--max-file-bytes    [MAX_FILE_BYTES]    67108864 (64 MiB): rotate a worker's file before it would pass this
+//	--max-files         [MAX_FILES]         10: files kept per worker, the current one included
+//	--shutdown-timeout  [SHUTDOWN_TIMEOUT]  10s: how long SIGTERM waits for batches being written
+//	--log-level         [LOG_LEVEL]         info: the collector's own log (JSON on stdout)
+//
+// SIGTERM or SIGINT: the listener closes, every stream is closed with SHUTDOWN (4000),
+// batches being written finish, and the process exits 0. Agents resend what was not
+// acknowledged to the next collector.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	logcollector "github.com/smartroute/smartroute/log-collector"
+)
+
+func main() {
+	if err := run(); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintln(os.Stderr, "log-collector:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	var cfg logcollector.Config
+	fs := flag.NewFlagSet("log-collector", flag.ContinueOnError)
+	fs.StringVar(&cfg.Addr, "addr", logcollector.DefaultAddr, "listen address")
+	fs.StringVar(&cfg.Dir, "dir", logcollector.DefaultDir, "directory holding a directory per worker")
+	fs.Int64Var(&cfg.MaxFileBytes, "max-file-bytes", logcollector.DefaultMaxFileBytes, "rotate a worker's file before a batch would take it past this size")
+	fs.IntVar(&cfg.MaxFiles, "max-files", logcollector.DefaultMaxFiles, "files kept per worker, the current one included")
+	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", logcollector.DefaultShutdownTimeout, "how long shutdown waits for batches being written")
+	logLevel := fs.String("log-level", "info", "log level of the collector's own log: debug, info, warn, error")
+	fs.VisitAll(func(f *flag.Flag) { f.Usage += " (env " + envName(f.Name) + ")" })
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	if err := fromEnv(fs); err != nil {
+		return err
+	}
+	// In Config zero means the default; on the command line it is a mistake.
+	if cfg.MaxFiles < 1 || cfg.MaxFileBytes < 1 {
+		return fmt.Errorf("--max-files (%d) and --max-file-bytes (%d) must be at least 1", cfg.MaxFiles, cfg.MaxFileBytes)
+	}
+	level, err := zerolog.ParseLevel(*logLevel)
+	if err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	zerolog.TimeFieldFormat = time.RFC3339Nano
+	cfg.Logger = zerolog.New(os.Stdout).Level(level).With().Timestamp().Logger()
+	c, err := logcollector.New(cfg)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	return c.Run(ctx, nil)
+}
+
+func envName(flagName string) string {
+	return strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// fromEnv sets every flag not given on the command line from its environment variable.
+func fromEnv(fs *flag.FlagSet) error {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		name := envName(f.Name)
+		if v, ok := os.LookupEnv(name); ok && v != "" && !given[f.Name] {
+			if err := f.Value.Set(v); err != nil {
+				errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
+			}
+		}
+	})
+	return errors.Join(errs...)
+}

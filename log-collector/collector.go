@@ -1,0 +1,289 @@
+// Package logcollector is smartroute's log collector: worker agents stream their
+// structured log records to its /ingest WebSocket (proto/smartroute/v1/logs.proto); it
+// writes them as JSON lines per worker with size-based rotation, acknowledges each
+// batch once it is durably written, drops batches it has already written (by sequence
+// number, remembered across restarts), and answers GET /logs queries.
+// cmd/log-collector turns flags into a Config and calls Run.
+package logcollector
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/labstack/echo/v4"
+	"github.com/labstack/echo/v4/middleware"
+	"github.com/rs/zerolog"
+
+	pb "github.com/smartroute/smartroute/proto/smartroutev1"
+)
+
+// Defaults filled in by WithDefaults.
+const (
+	DefaultAddr            = "127.0.0.1:8090"
+	DefaultDir             = "./logs"
+	DefaultMaxFileBytes    = 64 << 20
+	DefaultMaxFiles        = 10
+	DefaultMaxFrameBytes   = 16 << 20
+	DefaultHelloTimeout    = 10 * time.Second
+	DefaultWriteTimeout    = 10 * time.Second
+	DefaultReadTimeout     = 60 * time.Second
+	DefaultPingInterval    = 20 * time.Second
+	DefaultShutdownTimeout = 10 * time.Second
+)
+
+// Config configures New. Each field's comment says what its zero value means.
+type Config struct {
+	// Addr is where Run listens. Empty means 127.0.0.1:8090.
+	Addr string
+	// Dir holds a directory per worker. Empty means ./logs.
+	Dir string
+	// MaxFileBytes: a worker's current file is rotated before a batch would take it
+	// past this size (a single larger batch gets a file of its own). Zero means 64 MiB.
+	MaxFileBytes int64
+	// MaxFiles is how many files a worker keeps, the current one included; the oldest
+	// is deleted at rotation. Zero means 10.
+	MaxFiles int
+	// MaxFrameBytes is the read limit of an ingest frame. Zero means 16 MiB.
+	MaxFrameBytes int
+	// HelloTimeout bounds the wait for an agent's hello. Zero means 10s.
+	HelloTimeout time.Duration
+	// WriteTimeout is the deadline of every frame written to an agent. Zero means 10s.
+	WriteTimeout time.Duration
+	// ReadTimeout is how long a stream may stay silent (no frame, ping or pong) before
+	// it is dropped. Zero means 60s.
+	ReadTimeout time.Duration
+	// PingInterval is how often the collector pings each agent. Zero means 20s; it must
+	// be below ReadTimeout.
+	PingInterval time.Duration
+	// ShutdownTimeout bounds the wait for queries and batches in progress when Run
+	// stops. Zero means 10s.
+	ShutdownTimeout time.Duration
+	// Logger receives the collector's own log. The zero value discards it.
+	Logger zerolog.Logger
+
+	hooks *testHooks // set only by this package's tests
+}
+
+// testHooks let tests stop the collector at moments they cannot reach from outside.
+type testHooks struct {
+	// afterWrite runs once a batch is durably written, before it is acknowledged; an
+	// error drops the connection without the ack, as a crash there would.
+	afterWrite func(worker string, seq uint64) error
+}
+
+// WithDefaults returns a copy of c with zero values replaced by their defaults.
+func (c Config) WithDefaults() Config {
+	if c.Addr == "" {
+		c.Addr = DefaultAddr
+	}
+	if c.Dir == "" {
+		c.Dir = DefaultDir
+	}
+	if c.MaxFileBytes == 0 {
+		c.MaxFileBytes = DefaultMaxFileBytes
+	}
+	if c.MaxFiles == 0 {
+		c.MaxFiles = DefaultMaxFiles
+	}
+	if c.MaxFrameBytes == 0 {
+		c.MaxFrameBytes = DefaultMaxFrameBytes
+	}
+	for _, d := range []struct {
+		v   *time.Duration
+		def time.Duration
+	}{
+		{&c.HelloTimeout, DefaultHelloTimeout}, {&c.WriteTimeout, DefaultWriteTimeout},
+		{&c.ReadTimeout, DefaultReadTimeout}, {&c.PingInterval, DefaultPingInterval},
+		{&c.ShutdownTimeout, DefaultShutdownTimeout},
+	} {
+		if *d.v == 0 {
+			*d.v = d.def
+		}
+	}
+	return c
+}
+
+// validate checks a config that went through WithDefaults; each message names the field.
+func (c Config) validate() error {
+	var errs []error
+	if c.MaxFileBytes < 1 {
+		errs = append(errs, fmt.Errorf("MaxFileBytes (--max-file-bytes) must be at least 1, got %d", c.MaxFileBytes))
+	}
+	if c.MaxFiles < 1 {
+		errs = append(errs, fmt.Errorf("MaxFiles (--max-files) must be at least 1, got %d", c.MaxFiles))
+	}
+	if c.MaxFrameBytes < 1024 {
+		errs = append(errs, fmt.Errorf("MaxFrameBytes must be at least 1024, got %d", c.MaxFrameBytes))
+	}
+	for _, f := range []struct {
+		name string
+		d    time.Duration
+	}{
+		{"HelloTimeout", c.HelloTimeout}, {"WriteTimeout", c.WriteTimeout}, {"ReadTimeout", c.ReadTimeout},
+		{"PingInterval", c.PingInterval}, {"ShutdownTimeout", c.ShutdownTimeout},
+	} {
+		if f.d < 0 {
+			errs = append(errs, fmt.Errorf("%s must not be negative, got %s", f.name, f.d))
+		}
+	}
+	if c.PingInterval >= c.ReadTimeout {
+		errs = append(errs, fmt.Errorf("PingInterval (%s) must be below ReadTimeout (%s)", c.PingInterval, c.ReadTimeout))
+	}
+	return errors.Join(errs...)
+}
+
+// Collector receives log streams and serves queries over them.
+type Collector struct {
+	cfg   Config
+	log   zerolog.Logger
+	store *store
+	echo  *echo.Echo
+
+	// mu guards streams and stopping. streams holds the live ingest connections; each
+	// handler adds and removes its own, shutdown closes them all.
+	mu       sync.Mutex
+	streams  map[*ingestConn]struct{}
+	stopping bool
+	handlers sync.WaitGroup // ingest handlers past the upgrade
+}
+
+type errorBody struct {
+	Error string `json:"error"`
+}
+
+// New validates the config, creates Dir and builds a Collector; Run or Handler serve it.
+func New(cfg Config) (*Collector, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("log collector config: %w", err)
+	}
+	st, err := newStore(cfg.Dir, cfg.MaxFileBytes, cfg.MaxFiles)
+	if err != nil {
+		return nil, err
+	}
+	c := &Collector{
+		cfg:     cfg,
+		log:     cfg.Logger.With().Str("component", "log_collector").Logger(),
+		store:   st,
+		streams: map[*ingestConn]struct{}{},
+	}
+	c.echo = c.routes()
+	return c, nil
+}
+
+// Handler is the collector's HTTP handler, for tests and embedding; call Close when done.
+func (c *Collector) Handler() http.Handler { return c.echo }
+
+func (c *Collector) routes() *echo.Echo {
+	e := echo.New()
+	e.HideBanner, e.HidePort = true, true
+	e.Use(middleware.Recover())
+	e.HTTPErrorHandler = func(err error, ctx echo.Context) {
+		if ctx.Response().Committed {
+			return
+		}
+		status, msg := http.StatusInternalServerError, "internal error"
+		var he *echo.HTTPError
+		if errors.As(err, &he) {
+			status, msg = he.Code, fmt.Sprint(he.Message)
+		}
+		if status >= 500 {
+			c.log.Error().Err(err).Str("path", ctx.Path()).Msg("request failed")
+		}
+		_ = ctx.JSON(status, errorBody{msg})
+	}
+	e.GET("/health", func(ctx echo.Context) error {
+		return ctx.JSON(http.StatusOK, map[string]string{"message": "OK"})
+	})
+	e.GET("/logs", c.getLogs)
+	e.GET("/ingest", c.ingest)
+	return e
+}
+
+// getLogs answers GET /logs?worker=&level=&event=&since=&until=&limit=.
+func (c *Collector) getLogs(ctx echo.Context) error {
+	q, err := parseLogQuery(ctx.QueryParams(), time.Now())
+	if err != nil {
+		return ctx.JSON(http.StatusBadRequest, errorBody{err.Error()})
+	}
+	resp, err := c.store.query(q)
+	if errors.Is(err, errUnknownWorker) {
+		return ctx.JSON(http.StatusNotFound, errorBody{err.Error()})
+	}
+	if err != nil {
+		return err
+	}
+	return ctx.JSON(http.StatusOK, resp)
+}
+
+// Run serves on cfg.Addr until ctx ends, then shuts down: the listener closes, every
+// stream is closed with CLOSE_CODE_SHUTDOWN (agents resend what was not acknowledged
+// to the next collector), batches being written finish, and the files are closed, all
+// within ShutdownTimeout. ready, if not nil, receives the bound address once listening.
+func (c *Collector) Run(ctx context.Context, ready chan<- net.Addr) error {
+	ln, err := net.Listen("tcp", c.cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", c.cfg.Addr, err)
+	}
+	srv := &http.Server{Handler: c.echo, ReadHeaderTimeout: 10 * time.Second}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	c.log.Info().Str("addr", ln.Addr().String()).Str("dir", c.cfg.Dir).Int64("max_file_bytes", c.cfg.MaxFileBytes).
+		Int("max_files", c.cfg.MaxFiles).Msg("log collector listening")
+	if ready != nil {
+		ready <- ln.Addr()
+	}
+	select {
+	case err := <-serveErr:
+		_ = c.Close()
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	c.log.Info().Msg("log collector shutting down")
+	deadline, cancel := context.WithTimeout(context.Background(), c.cfg.ShutdownTimeout)
+	defer cancel()
+	httpDone := make(chan error, 1)
+	go func() { httpDone <- srv.Shutdown(deadline) }() // stops accepting; waits for queries
+	closeErr := c.shutdown(deadline)
+	err = <-httpDone
+	if errors.Is(err, context.DeadlineExceeded) {
+		err = srv.Close()
+	}
+	c.log.Info().Msg("log collector stopped")
+	return errors.Join(err, closeErr)
+}
+
+// Close closes every stream with CLOSE_CODE_SHUTDOWN, waits up to ShutdownTimeout for
+// their handlers, and closes the files. New streams are refused from then on.
+// Idempotent. Run calls it; so should whoever serves Handler.
+func (c *Collector) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.ShutdownTimeout)
+	defer cancel()
+	return c.shutdown(ctx)
+}
+
+func (c *Collector) shutdown(ctx context.Context) error {
+	c.mu.Lock()
+	c.stopping = true
+	streams := make([]*ingestConn, 0, len(c.streams))
+	for s := range c.streams {
+		streams = append(streams, s)
+	}
+	c.mu.Unlock()
+	for _, s := range streams {
+		s.closeWith(int(pb.CloseCode_CLOSE_CODE_SHUTDOWN), "log collector shutting down")
+	}
+	done := make(chan struct{})
+	go func() { c.handlers.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return fmt.Errorf("ingest handlers still running after %s", c.cfg.ShutdownTimeout)
+	}
+	return c.store.close()
+}

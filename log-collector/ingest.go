@@ -1,0 +1,376 @@
+package logcollector
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/gorilla/websocket"
+	"github.com/labstack/echo/v4"
+	"github.com/rs/zerolog"
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/smartroute/smartroute/proto/smartroutev1"
+)
+
+var upgrader = websocket.Upgrader{
+	HandshakeTimeout: 10 * time.Second,
+	WriteBufferPool:  &sync.Pool{},
+	// Agents are programs, not browsers.
+	CheckOrigin: func(*http.Request) bool { return true },
+}
+
+// Frame errors: a frame that cannot be used closes the stream with BAD_FRAME.
+var (
+	errEmptyFrame = errors.New("empty frame")
+	errNoBody     = errors.New("log envelope has no body")
+)
+
+// decodeLogFrame parses one ingest frame. It refuses what no agent sends: an empty or
+// oversized frame, a malformed one, or one with no body this collector knows.
+func decodeLogFrame(b []byte, maxSize int) (*pb.LogEnvelope, error) {
+	switch {
+	case len(b) == 0:
+		return nil, errEmptyFrame
+	case len(b) > maxSize:
+		return nil, fmt.Errorf("frame of %d bytes exceeds the limit of %d", len(b), maxSize)
+	}
+	env := new(pb.LogEnvelope)
+	if err := (proto.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(b, env); err != nil {
+		return nil, fmt.Errorf("malformed frame: %w", err)
+	}
+	if env.Body == nil {
+		return nil, errNoBody
+	}
+	return env, nil
+}
+
+// ingestConn is one agent's stream. Its handler goroutine is the only reader and the
+// only writer of data frames (welcome, acks); the pinger writes control frames only,
+// which gorilla allows concurrently.
+type ingestConn struct {
+	worker string
+	ws     *websocket.Conn
+	log    zerolog.Logger
+
+	writeTimeout time.Duration
+	done         chan struct{} // closed by closeWith, once
+	once         sync.Once
+}
+
+// closeWith sends a close frame (best effort) and closes the connection. Idempotent,
+// safe from any goroutine.
+func (ic *ingestConn) closeWith(code int, reason string) {
+	ic.once.Do(func() {
+		if len(reason) > 120 {
+			reason = reason[:120]
+		}
+		msg := websocket.FormatCloseMessage(code, reason)
+		_ = ic.ws.WriteControl(websocket.CloseMessage, msg, time.Now().Add(ic.writeTimeout))
+		_ = ic.ws.Close()
+		close(ic.done)
+	})
+}
+
+func (ic *ingestConn) write(env *pb.LogEnvelope) error {
+	b, err := proto.Marshal(env)
+	if err != nil {
+		return err
+	}
+	if err := ic.ws.SetWriteDeadline(time.Now().Add(ic.writeTimeout)); err != nil {
+		return err
+	}
+	return ic.ws.WriteMessage(websocket.BinaryMessage, b)
+}
+
+// streamError ends a stream with a close code.
+type streamError struct {
+	code   pb.CloseCode
+	reason string
+}
+
+func (e *streamError) Error() string { return e.reason }
+
+func badFrame(format string, args ...any) error {
+	return &streamError{code: pb.CloseCode_CLOSE_CODE_BAD_FRAME, reason: fmt.Sprintf(format, args...)}
+}
+
+// ingest is the /ingest handler: it validates the Worker-Id, upgrades, and serves
+// the stream until it ends.
+func (c *Collector) ingest(ctx echo.Context) error {
+	id := ctx.Request().Header.Get("Worker-Id")
+	if id == "" {
+		return ctx.JSON(http.StatusBadRequest, errorBody{"the Worker-Id header is required"})
+	}
+	if err := checkWorkerID("Worker-Id", id); err != nil {
+		return ctx.JSON(http.StatusBadRequest, errorBody{err.Error()})
+	}
+	c.mu.Lock()
+	if c.stopping {
+		c.mu.Unlock()
+		return ctx.JSON(http.StatusServiceUnavailable, errorBody{"the log collector is shutting down"})
+	}
+	c.handlers.Add(1)
+	c.mu.Unlock()
+	defer c.handlers.Done()
+
+	ws, err := upgrader.Upgrade(ctx.Response(), ctx.Request(), nil)
+	if err != nil {
+		return nil // the upgrader has answered already
+	}
+	ic := &ingestConn{
+		worker:       id,
+		ws:           ws,
+		log:          c.log.With().Str("worker_id", id).Logger(),
+		writeTimeout: c.cfg.WriteTimeout,
+		done:         make(chan struct{}),
+	}
+	c.mu.Lock()
+	stopping := c.stopping
+	if !stopping {
+		c.streams[ic] = struct{}{}
+	}
+	c.mu.Unlock()
+	if stopping {
+		ic.closeWith(int(pb.CloseCode_CLOSE_CODE_SHUTDOWN), "log collector shutting down")
+		return nil
+	}
+	defer func() {
+		c.mu.Lock()
+		delete(c.streams, ic)
+		c.mu.Unlock()
+	}()
+
+	err = c.serveStream(ic)
+	var se *streamError
+	switch {
+	case errors.As(err, &se):
+		ic.log.Warn().Err(err).Str("close_code", se.code.String()).Msg("closing log stream")
+		ic.closeWith(int(se.code), se.reason)
+	default:
+		ic.log.Info().Err(err).Msg("log stream ended")
+		ic.closeWith(websocket.CloseNormalClosure, "")
+	}
+	return nil
+}
+
+// serveStream runs one stream: hello, welcome, then batches until an error.
+func (c *Collector) serveStream(ic *ingestConn) error {
+	ws := ic.ws
+	ws.SetReadLimit(int64(c.cfg.MaxFrameBytes))
+	_ = ws.SetReadDeadline(time.Now().Add(c.cfg.HelloTimeout))
+	env, err := c.readFrame(ws)
+	if err != nil {
+		return err
+	}
+	hello := env.GetHello()
+	switch {
+	case hello == nil:
+		return badFrame("first frame must be a hello, got %T", env.GetBody())
+	case hello.GetProtocolVersion() != pb.LogProtocolVersion_LOG_PROTOCOL_VERSION_CURRENT:
+		return &streamError{code: pb.CloseCode_CLOSE_CODE_PROTOCOL_VERSION, reason: fmt.Sprintf(
+			"log protocol version %d not supported (this collector speaks %d)",
+			int32(hello.GetProtocolVersion()), int32(pb.LogProtocolVersion_LOG_PROTOCOL_VERSION_CURRENT))}
+	case hello.GetWorkerId() != ic.worker:
+		return badFrame("hello worker_id %q does not match Worker-Id header %q", hello.GetWorkerId(), ic.worker)
+	case hello.GetStreamId() == "":
+		return badFrame("hello stream_id is required")
+	}
+	w, err := c.store.worker(ic.worker)
+	if err != nil {
+		return &streamError{code: websocket.CloseInternalServerErr, reason: "cannot open the worker's log files"}
+	}
+	w.mu.Lock()
+	if w.state.StreamID != hello.GetStreamId() {
+		// A new run of the agent: its sequence numbers start again.
+		w.state.StreamID, w.state.LastSeq, w.state.Dropped = hello.GetStreamId(), 0, 0
+	}
+	prev := w.owner
+	w.owner = ic
+	last := w.state.LastSeq
+	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		if w.owner == ic {
+			w.owner = nil
+		}
+		w.mu.Unlock()
+	}()
+	if prev != nil {
+		prev.closeWith(int(pb.CloseCode_CLOSE_CODE_REPLACED), "a newer log stream for this worker took over")
+	}
+	welcome := &pb.LogEnvelope{Body: &pb.LogEnvelope_Welcome{Welcome: &pb.LogWelcome{
+		ProtocolVersion: pb.LogProtocolVersion_LOG_PROTOCOL_VERSION_CURRENT,
+		LastSeq:         last,
+	}}}
+	if err := ic.write(welcome); err != nil {
+		return fmt.Errorf("send welcome: %w", err)
+	}
+	ic.log.Info().Str("stream_id", hello.GetStreamId()).Str("agent", hello.GetAgent()).Uint64("last_seq", last).
+		Msg("log stream connected")
+
+	extend := func() { _ = ws.SetReadDeadline(time.Now().Add(c.cfg.ReadTimeout)) }
+	extend()
+	ws.SetPingHandler(func(data string) error {
+		extend()
+		err := ws.WriteControl(websocket.PongMessage, []byte(data), time.Now().Add(c.cfg.WriteTimeout))
+		if errors.Is(err, websocket.ErrCloseSent) {
+			return nil
+		}
+		return err
+	})
+	ws.SetPongHandler(func(string) error { extend(); return nil })
+	go ic.pinger(c.cfg.PingInterval)
+
+	for {
+		env, err := c.readFrame(ws)
+		if err != nil {
+			return err
+		}
+		extend()
+		b := env.GetBatch()
+		if b == nil {
+			return badFrame("expected a batch, got %T", env.GetBody())
+		}
+		ack, err := c.writeBatch(w, ic, b)
+		if err != nil {
+			return err
+		}
+		if err := ic.write(&pb.LogEnvelope{Body: &pb.LogEnvelope_Ack{Ack: &pb.LogAck{Seq: ack}}}); err != nil {
+			return fmt.Errorf("send ack %d: %w", ack, err)
+		}
+	}
+}
+
+func (ic *ingestConn) pinger(every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ic.done:
+			return
+		case <-t.C:
+			if err := ic.ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(ic.writeTimeout)); err != nil {
+				_ = ic.ws.Close() // the reader sees the error and ends the stream
+				return
+			}
+		}
+	}
+}
+
+func (c *Collector) readFrame(ws *websocket.Conn) (*pb.LogEnvelope, error) {
+	kind, data, err := ws.ReadMessage()
+	if err != nil {
+		return nil, err
+	}
+	if kind != websocket.BinaryMessage {
+		return nil, badFrame("websocket message type %d, want binary", kind)
+	}
+	env, err := decodeLogFrame(data, c.cfg.MaxFrameBytes)
+	if err != nil {
+		return nil, badFrame("%v", err)
+	}
+	return env, nil
+}
+
+// writeBatch writes b unless it was written before, and returns the seq to acknowledge.
+func (c *Collector) writeBatch(w *workerLog, ic *ingestConn, b *pb.LogBatch) (uint64, error) {
+	seq := b.GetSeq()
+	if seq == 0 {
+		return 0, badFrame("batch seq must be at least 1")
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.owner != ic {
+		return 0, &streamError{code: pb.CloseCode_CLOSE_CODE_REPLACED, reason: "a newer log stream for this worker took over"}
+	}
+	last := w.state.LastSeq
+	if seq <= last {
+		if e := ic.log.Debug(); e.Enabled() {
+			e.Uint64("seq", seq).Uint64("last_seq", last).Msg("duplicate batch acknowledged, not written")
+		}
+		return seq, nil
+	}
+	data := c.batchLines(ic.worker, b, last, w.state.Dropped)
+	if err := w.appendBatch(data, seq, b.GetDropped(), c.cfg.MaxFileBytes, c.cfg.MaxFiles); err != nil {
+		ic.log.Error().Err(err).Uint64("seq", seq).Msg("cannot write a log batch")
+		return 0, &streamError{code: websocket.CloseInternalServerErr, reason: "cannot write the batch"}
+	}
+	if h := c.cfg.hooks; h != nil && h.afterWrite != nil {
+		if err := h.afterWrite(ic.worker, seq); err != nil {
+			return 0, err
+		}
+	}
+	return seq, nil
+}
+
+// collectorNote is a record the collector adds to a worker's file: records the agent
+// dropped, or batches that never arrived.
+type collectorNote struct {
+	Level        string `json:"level"`
+	Time         string `json:"time"`
+	WorkerID     string `json:"worker_id"`
+	Component    string `json:"component"`
+	Event        string `json:"event"`
+	Dropped      uint64 `json:"dropped,omitempty"`
+	DroppedTotal uint64 `json:"dropped_total,omitempty"`
+	MissingFrom  uint64 `json:"missing_from,omitempty"`
+	MissingTo    uint64 `json:"missing_to,omitempty"`
+	Message      string `json:"message"`
+}
+
+// invalidRecord wraps a record that is not a JSON object, so every line stays one.
+type invalidRecord struct {
+	WorkerID string `json:"worker_id"`
+	Event    string `json:"event"`
+	Raw      string `json:"raw"`
+}
+
+// batchLines turns a batch into the bytes to append: one JSON object per line,
+// preceded by notes when the agent reports new drops or sequence numbers are missing.
+func (c *Collector) batchLines(worker string, b *pb.LogBatch, last, dropped uint64) []byte {
+	size := 0
+	for _, r := range b.GetRecords() {
+		size += len(r) + 1
+	}
+	out := make([]byte, 0, size+256)
+	now := time.Now().UTC().Format(time.RFC3339Nano)
+	note := func(n collectorNote) {
+		n.Level, n.Time, n.WorkerID, n.Component = "warn", now, worker, "log_collector"
+		line, _ := json.Marshal(n)
+		out = append(append(out, line...), '\n')
+	}
+	if b.GetSeq() > last+1 {
+		note(collectorNote{Event: "log_batches_missing", MissingFrom: last + 1, MissingTo: b.GetSeq() - 1,
+			Message: "log batches of this stream never reached the collector"})
+	}
+	if b.GetDropped() > dropped {
+		note(collectorNote{Event: "log_records_dropped", Dropped: b.GetDropped() - dropped, DroppedTotal: b.GetDropped(),
+			Message: "the agent dropped log records because its buffer was full"})
+	}
+	for _, r := range b.GetRecords() {
+		out = appendRecord(out, worker, r)
+	}
+	return out
+}
+
+// appendRecord appends r as one line: a JSON object as sent (compacted if it spans
+// lines), anything else wrapped.
+func appendRecord(out []byte, worker string, r []byte) []byte {
+	t := bytes.TrimSpace(r)
+	if len(t) > 0 && t[0] == '{' && json.Valid(t) {
+		if bytes.ContainsAny(t, "\r\n") {
+			var buf bytes.Buffer
+			if json.Compact(&buf, t) == nil {
+				t = buf.Bytes()
+			}
+		}
+		return append(append(out, t...), '\n')
+	}
+	line, _ := json.Marshal(invalidRecord{WorkerID: worker, Event: "invalid_log_record", Raw: string(r)})
+	return append(append(out, line...), '\n')
+}

@@ -1,0 +1,206 @@
+package logcollector
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// Limits of GET /logs.
+const (
+	DefaultQueryLimit = 100
+	MaxQueryLimit     = 10000
+)
+
+var queryParams = []string{"worker", "level", "event", "since", "until", "limit"}
+
+// logQuery is a parsed GET /logs query.
+type logQuery struct {
+	worker   string        // empty: every worker
+	minLevel zerolog.Level // records at this level or above; NoLevel: any record
+	event    string        // the record's "event" field must equal it; empty: any
+	since    time.Time     // records at or after it; zero: no bound
+	until    time.Time     // records before it; zero: no bound
+	limit    int
+}
+
+// parseLogQuery validates the query parameters of GET /logs; its errors are meant for
+// the caller and name the parameter. now anchors durations ("since=15m").
+func parseLogQuery(v url.Values, now time.Time) (logQuery, error) {
+	q := logQuery{minLevel: zerolog.NoLevel, limit: DefaultQueryLimit}
+	for name, vals := range v {
+		if !slices.Contains(queryParams, name) {
+			return q, fmt.Errorf("unknown parameter %q (known: %s)", name, strings.Join(queryParams, ", "))
+		}
+		if len(vals) > 1 {
+			return q, fmt.Errorf("parameter %q given %d times, want once", name, len(vals))
+		}
+	}
+	if w := v.Get("worker"); w != "" {
+		if err := checkWorkerID("worker", w); err != nil {
+			return q, err
+		}
+		q.worker = w
+	}
+	if l := v.Get("level"); l != "" {
+		lvl, err := zerolog.ParseLevel(strings.ToLower(l))
+		if err != nil || lvl == zerolog.NoLevel || lvl == zerolog.Disabled {
+			return q, fmt.Errorf("level %q is not one of trace, debug, info, warn, error, fatal, panic", l)
+		}
+		q.minLevel = lvl
+	}
+	q.event = v.Get("event")
+	var err error
+	if q.since, err = parseQueryTime("since", v.Get("since"), now); err != nil {
+		return q, err
+	}
+	if q.until, err = parseQueryTime("until", v.Get("until"), now); err != nil {
+		return q, err
+	}
+	if !q.since.IsZero() && !q.until.IsZero() && !q.since.Before(q.until) {
+		return q, fmt.Errorf("since (%s) must be before until (%s)", q.since.Format(time.RFC3339Nano), q.until.Format(time.RFC3339Nano))
+	}
+	if s := v.Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil {
+			return q, fmt.Errorf("limit %q is not an integer", s)
+		}
+		if n < 1 || n > MaxQueryLimit {
+			return q, fmt.Errorf("limit must be between 1 and %d, got %d", MaxQueryLimit, n)
+		}
+		q.limit = n
+	}
+	return q, nil
+}
+
+// parseQueryTime reads an RFC 3339 time or a duration before now ("15m").
+func parseQueryTime(name, s string, now time.Time) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t, nil
+	}
+	if d, err := time.ParseDuration(s); err == nil {
+		if d < 0 {
+			return time.Time{}, fmt.Errorf("%s %q: a duration means that long ago and must not be negative", name, s)
+		}
+		return now.Add(-d), nil
+	}
+	return time.Time{}, fmt.Errorf("%s %q: want an RFC 3339 time such as 2006-01-02T15:04:05Z or a duration ago such as 15m", name, s)
+}
+
+// recordFields are the fields a query filters on.
+type recordFields struct {
+	Level string          `json:"level"`
+	Event string          `json:"event"`
+	Time  json.RawMessage `json:"time"`
+}
+
+// matchedRecord is a record a query returns.
+type matchedRecord struct {
+	raw  json.RawMessage
+	time time.Time
+}
+
+// match reports whether line passes q, and its time.
+func (q *logQuery) match(line []byte) (time.Time, bool) {
+	var f recordFields
+	if json.Unmarshal(line, &f) != nil {
+		return time.Time{}, false
+	}
+	if q.minLevel != zerolog.NoLevel {
+		lvl, err := zerolog.ParseLevel(f.Level)
+		if err != nil || lvl == zerolog.NoLevel || lvl < q.minLevel {
+			return time.Time{}, false
+		}
+	}
+	if q.event != "" && f.Event != q.event {
+		return time.Time{}, false
+	}
+	t, ok := recordTime(f.Time)
+	if (!q.since.IsZero() || !q.until.IsZero()) && !ok {
+		return time.Time{}, false
+	}
+	if !q.since.IsZero() && t.Before(q.since) || !q.until.IsZero() && !t.Before(q.until) {
+		return time.Time{}, false
+	}
+	return t, true
+}
+
+// errUnknownWorker: the queried worker has no logs here.
+var errUnknownWorker = errors.New("no logs for this worker")
+
+// logsResponse is the body of GET /logs.
+type logsResponse struct {
+	// Records are the most recent matching records, oldest first.
+	Records []json.RawMessage `json:"records"`
+	Count   int               `json:"count"`
+	// Truncated says older matching records were left out by the limit.
+	Truncated bool `json:"truncated"`
+}
+
+// query runs q over the store: per worker the last q.limit matches in file order;
+// across workers merged by record time.
+func (s *store) query(q logQuery) (logsResponse, error) {
+	ids := []string{q.worker}
+	if q.worker == "" {
+		var err error
+		if ids, err = s.workerIDs(); err != nil {
+			return logsResponse{}, err
+		}
+	}
+	var (
+		all       []matchedRecord
+		truncated bool
+	)
+	for _, id := range ids {
+		w, err := s.existing(id)
+		if err != nil {
+			return logsResponse{}, err
+		}
+		if w == nil {
+			return logsResponse{}, fmt.Errorf("%w: %s", errUnknownWorker, id)
+		}
+		ring := make([]matchedRecord, 0, min(q.limit, 1024))
+		next, matched := 0, 0
+		err = w.scan(func(line []byte) {
+			t, ok := q.match(line)
+			if !ok {
+				return
+			}
+			matched++
+			m := matchedRecord{raw: json.RawMessage(slices.Clone(line)), time: t}
+			if len(ring) < q.limit {
+				ring = append(ring, m)
+				return
+			}
+			ring[next] = m
+			next = (next + 1) % q.limit
+		})
+		if err != nil {
+			return logsResponse{}, err
+		}
+		truncated = truncated || matched > len(ring)
+		all = append(all, ring[next:]...)
+		all = append(all, ring[:next]...)
+	}
+	if len(ids) > 1 {
+		slices.SortStableFunc(all, func(a, b matchedRecord) int { return a.time.Compare(b.time) })
+	}
+	if len(all) > q.limit {
+		all, truncated = all[len(all)-q.limit:], true
+	}
+	resp := logsResponse{Records: make([]json.RawMessage, len(all)), Count: len(all), Truncated: truncated}
+	for i, m := range all {
+		resp.Records[i] = m.raw
+	}
+	return resp, nil
+}

@@ -1,0 +1,198 @@
+package logcollector
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	pb "github.com/smartroute/smartroute/proto/smartroutev1"
+)
+
+func TestLogsQuery(t *testing.T) {
+	t.Parallel()
+	r := startCollector(t, Config{})
+	base := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	rec := func(worker string, sec int, level, event string) string {
+		return fmt.Sprintf(`{"level":%q,"worker_id":%q,"event":%q,"time":%q}`, level, worker, event, base.Add(time.Duration(sec)*time.Second).Format(time.RFC3339Nano))
+	}
+	a, _ := connect(t, r.ingestURL(), "w1", "s1")
+	a.batch(1, 0, rec("w1", 0, "info", "label_miss"), rec("w1", 2, "info", "task_completed"), rec("w1", 4, "warn", "task_refused"))
+	a.batch(2, 0, rec("w1", 6, "error", "boom"), rec("w1", 8, "debug", "frame_sent"), `{"message":"no level, no time"}`)
+	b, _ := connect(t, r.ingestURL(), "w.2/x", "s1")
+	b.batch(1, 0, rec("w.2/x", 1, "info", "label_miss"), rec("w.2/x", 5, "info", "task_completed"))
+
+	at := func(sec int) string {
+		return url.QueryEscape(base.Add(time.Duration(sec) * time.Second).Format(time.RFC3339))
+	}
+	for _, tc := range []struct {
+		query     string
+		want      []string // worker:event of the records, in order
+		truncated bool
+	}{
+		{"worker=w1", []string{"w1:label_miss", "w1:task_completed", "w1:task_refused", "w1:boom", "w1:frame_sent", "w1:"}, false},
+		{"worker=w1&level=warn", []string{"w1:task_refused", "w1:boom"}, false},
+		{"worker=w1&level=INFO&limit=2", []string{"w1:task_refused", "w1:boom"}, true},
+		{"worker=w1&event=task_completed", []string{"w1:task_completed"}, false},
+		{"worker=w1&since=" + at(2) + "&until=" + at(6), []string{"w1:task_completed", "w1:task_refused"}, false},
+		{"worker=w1&limit=2", []string{"w1:frame_sent", "w1:"}, true},
+		{"event=label_miss", []string{"w1:label_miss", "w.2/x:label_miss"}, false},
+		{"level=info&limit=3", []string{"w1:task_refused", "w.2/x:task_completed", "w1:boom"}, true},
+		{"worker=" + url.QueryEscape("w.2/x"), []string{"w.2/x:label_miss", "w.2/x:task_completed"}, false},
+	} {
+		code, body := r.get("/logs?" + tc.query)
+		if code != 200 {
+			t.Fatalf("%s: %d %s", tc.query, code, body)
+		}
+		var resp struct {
+			Records []struct {
+				WorkerID string `json:"worker_id"`
+				Event    string `json:"event"`
+			} `json:"records"`
+			Count     int  `json:"count"`
+			Truncated bool `json:"truncated"`
+		}
+		if err := json.Unmarshal(body, &resp); err != nil {
+			t.Fatalf("%s: %v in %s", tc.query, err, body)
+		}
+		var got []string
+		for _, r := range resp.Records {
+			w := r.WorkerID
+			if w == "" {
+				w = "w1"
+			}
+			got = append(got, w+":"+r.Event)
+		}
+		if strings.Join(got, " ") != strings.Join(tc.want, " ") || resp.Count != len(got) || resp.Truncated != tc.truncated {
+			t.Errorf("%s: got %v (count %d, truncated %v), want %v (truncated %v)", tc.query, got, resp.Count, resp.Truncated, tc.want, tc.truncated)
+		}
+	}
+}
+
+func TestLogsQueryErrors(t *testing.T) {
+	t.Parallel()
+	r := startCollector(t, Config{})
+	a, _ := connect(t, r.ingestURL(), "w1", "s1")
+	a.batch(1, 0, `{"level":"info"}`)
+	for _, tc := range []struct {
+		query string
+		code  int
+		want  string
+	}{
+		{"since=yesterday", 400, `since "yesterday": want an RFC 3339 time`},
+		{"until=2026-13-01T00:00:00Z", 400, "until"},
+		{"since=-5m", 400, "must not be negative"},
+		{"since=2026-03-02T00:00:00Z&until=2026-03-01T00:00:00Z", 400, "since (2026-03-02T00:00:00Z) must be before until"},
+		{"limit=-1", 400, "limit must be between 1 and 10000, got -1"},
+		{"limit=0", 400, "limit must be between 1 and 10000, got 0"},
+		{"limit=100001", 400, "limit must be between 1 and 10000"},
+		{"limit=ten", 400, `limit "ten" is not an integer`},
+		{"level=loud", 400, `level "loud" is not one of`},
+		{"worker=a%20b", 400, "worker may hold only printable ASCII"},
+		{"wroker=w1", 400, `unknown parameter "wroker" (known: worker, level, event, since, until, limit)`},
+		{"limit=1&limit=2", 400, `parameter "limit" given 2 times`},
+		{"worker=nobody", 404, "no logs for this worker: nobody"},
+	} {
+		code, body := r.get("/logs?" + tc.query)
+		var e errorBody
+		_ = json.Unmarshal(body, &e)
+		if code != tc.code || !strings.Contains(e.Error, tc.want) {
+			t.Errorf("%s: %d %s, want %d with %q", tc.query, code, body, tc.code, tc.want)
+		}
+	}
+}
+
+// since and until also take a duration before now.
+func TestQueryDurationMeansAgo(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	q, err := parseLogQuery(url.Values{"since": {"90m"}, "until": {"2026-03-01T11:59:00.5Z"}}, now)
+	if err != nil || !q.since.Equal(now.Add(-90*time.Minute)) || !q.until.Equal(time.Date(2026, 3, 1, 11, 59, 0, 5e8, time.UTC)) {
+		t.Fatalf("%+v %v", q, err)
+	}
+	if _, ok := q.match([]byte(`{"time":"2026-03-01T11:00:00+01:00"}`)); ok {
+		t.Fatal("a record at 10:00Z matched since 10:30Z")
+	}
+	if _, ok := q.match([]byte(`{"time":1772362800}`)); !ok { // 2026-03-01T11:00:00Z in Unix seconds
+		t.Fatal("a record at 11:00Z (Unix seconds) did not match")
+	}
+}
+
+// FuzzParseLogsQuery: no query string crashes the parser, and what it accepts is within
+// its documented bounds.
+func FuzzParseLogsQuery(f *testing.F) {
+	for _, s := range []string{
+		"", "worker=w1&level=warn&since=2026-03-01T12:00:00Z&until=1h&limit=10", "limit=-1", "since=15m",
+		"level=%ff", "worker=%00", "a=1&a=2", "since=9999999999h", "limit=99999999999999999999",
+	} {
+		f.Add(s)
+	}
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	f.Fuzz(func(t *testing.T, raw string) {
+		v, err := url.ParseQuery(raw)
+		if err != nil {
+			return
+		}
+		q, err := parseLogQuery(v, now)
+		if err != nil {
+			if err.Error() == "" {
+				t.Fatal("empty error message")
+			}
+			return
+		}
+		if q.limit < 1 || q.limit > MaxQueryLimit {
+			t.Fatalf("limit %d accepted", q.limit)
+		}
+		if q.worker != "" && checkWorkerID("worker", q.worker) != nil {
+			t.Fatalf("worker %q accepted", q.worker)
+		}
+		if !q.since.IsZero() && !q.until.IsZero() && !q.since.Before(q.until) {
+			t.Fatalf("since %v not before until %v", q.since, q.until)
+		}
+		q.match([]byte(`{"level":"info","time":"2026-03-01T11:00:00Z","event":"x"}`))
+	})
+}
+
+// FuzzDecodeLogFrame: no frame crashes the decoder or the line writer, and every
+// line written for an accepted batch is one JSON object.
+func FuzzDecodeLogFrame(f *testing.F) {
+	for _, env := range []*pb.LogEnvelope{
+		{Body: &pb.LogEnvelope_Hello{Hello: &pb.LogHello{ProtocolVersion: 1, WorkerId: "w1", StreamId: "s"}}},
+		{Body: &pb.LogEnvelope_Batch{Batch: &pb.LogBatch{Seq: 1, Dropped: 2, Records: [][]byte{[]byte(`{"a":1}`), []byte("x\ny"), []byte("{\n\"b\": 2\n}")}}}},
+		{Body: &pb.LogEnvelope_Ack{Ack: &pb.LogAck{Seq: 9}}},
+	} {
+		b, _ := protoMarshal(env)
+		f.Add(b)
+	}
+	f.Add([]byte{})
+	f.Add([]byte{0x12, 0x80})
+	c := &Collector{cfg: Config{}.WithDefaults()}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		env, err := decodeLogFrame(b, 1<<16)
+		if err != nil {
+			return
+		}
+		if env.GetBody() == nil {
+			t.Fatal("accepted a frame with no body")
+		}
+		batch := env.GetBatch()
+		if batch == nil {
+			return
+		}
+		out := c.batchLines("w1", batch, batch.GetSeq()/2, 0)
+		if len(out) == 0 {
+			return // an empty batch writes nothing
+		}
+		if out[len(out)-1] != '\n' {
+			t.Fatalf("output does not end with a newline: %q", out)
+		}
+		for l := range strings.SplitSeq(strings.TrimSuffix(string(out), "\n"), "\n") {
+			var obj map[string]any
+			if err := json.Unmarshal([]byte(l), &obj); err != nil {
+				t.Fatalf("line %q is not a JSON object: %v", l, err)
+			}
+		}
+	})
+}

@@ -1,0 +1,408 @@
+package logcollector
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// On disk, each worker has a directory under Config.Dir named after its id (bytes
+// outside [A-Za-z0-9_-], and a leading dot, written as %XX) holding:
+//
+//	00000001.jsonl, 00000002.jsonl, …  its records, one JSON object per line, oldest
+//	                                   file first; the highest number is being written
+//	state.json                         {"stream_id","last_seq","dropped","file","size"}
+//
+// A batch is appended to the current file and fsynced; then state.json is replaced
+// (write, fsync, rename, fsync the directory) with the batch's seq and the file's new
+// size; only then is the batch acknowledged. On opening a worker, whatever lies beyond
+// the recorded file and size was never acknowledged (a crash between the two writes)
+// and is cut off, so the agent's resend of that batch is written exactly once.
+
+const (
+	stateFile    = "state.json"
+	dataSuffix   = ".jsonl"
+	maxNameBytes = 240 // of an escaped worker id, within file-name limits
+)
+
+// workerState is state.json: where a worker's stream stands on disk.
+type workerState struct {
+	StreamID string `json:"stream_id"`
+	LastSeq  uint64 `json:"last_seq"` // highest seq of StreamID written
+	Dropped  uint64 `json:"dropped"`  // the agent's dropped count as of LastSeq
+	File     int    `json:"file"`     // number of the current data file
+	Size     int64  `json:"size"`     // its size after the batch LastSeq
+}
+
+// store holds every worker's files under one directory.
+type store struct {
+	dir          string
+	maxFileBytes int64
+	maxFiles     int
+
+	mu      sync.Mutex
+	workers map[string]*workerLog // opened once, never removed
+}
+
+func newStore(dir string, maxFileBytes int64, maxFiles int) (*store, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("log directory: %w", err)
+	}
+	return &store{dir: dir, maxFileBytes: maxFileBytes, maxFiles: maxFiles, workers: map[string]*workerLog{}}, nil
+}
+
+// workerLog is one worker's files. Its mu is held for a whole batch (write, fsync,
+// state), so batches of a worker are written one at a time and in order.
+type workerLog struct {
+	id  string
+	dir string
+
+	mu    sync.Mutex
+	state workerState // the persisted state, plus StreamID switched by a new hello
+	files []int       // data files on disk, ascending; the last is state.File
+	file  *os.File    // state.File opened for appending; nil until the first write
+	owner *ingestConn // the connection streaming for this worker; the newest wins
+}
+
+// escapeWorkerID makes a worker id safe as a directory name.
+func escapeWorkerID(id string) string {
+	var b strings.Builder
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || (c == '.' && i > 0) {
+			b.WriteByte(c)
+		} else {
+			fmt.Fprintf(&b, "%%%02X", c)
+		}
+	}
+	return b.String()
+}
+
+// checkWorkerID validates a Worker-Id header or worker query parameter.
+func checkWorkerID(field, id string) error {
+	if id == "" {
+		return fmt.Errorf("%s is required", field)
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; c <= ' ' || c > '~' {
+			return fmt.Errorf("%s may hold only printable ASCII without spaces (byte %d is 0x%02x)", field, i, c)
+		}
+	}
+	if len(escapeWorkerID(id)) > maxNameBytes {
+		return fmt.Errorf("%s %q is too long to name a log directory", field, id)
+	}
+	return nil
+}
+
+// worker returns the worker's log, opening (and recovering) it on first use.
+func (s *store) worker(id string) (*workerLog, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if w := s.workers[id]; w != nil {
+		return w, nil
+	}
+	w, err := openWorker(filepath.Join(s.dir, escapeWorkerID(id)), id)
+	if err != nil {
+		return nil, fmt.Errorf("open logs of worker %s: %w", id, err)
+	}
+	s.workers[id] = w
+	return w, nil
+}
+
+// existing returns the worker's log if the worker has a directory, else nil.
+func (s *store) existing(id string) (*workerLog, error) {
+	if _, err := os.Stat(filepath.Join(s.dir, escapeWorkerID(id))); errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	return s.worker(id)
+}
+
+// workerIDs lists the workers with a directory, sorted.
+func (s *store) workerIDs() ([]string, error) {
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		if id, err := url.PathUnescape(e.Name()); err == nil && escapeWorkerID(id) == e.Name() {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	return ids, nil
+}
+
+func (s *store) close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var errs []error
+	for _, w := range s.workers {
+		w.mu.Lock()
+		if w.file != nil {
+			errs = append(errs, w.file.Close())
+			w.file = nil
+		}
+		w.mu.Unlock()
+	}
+	return errors.Join(errs...)
+}
+
+func openWorker(dir, id string) (*workerLog, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	w := &workerLog{id: id, dir: dir}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range entries {
+		if n, ok := dataFileNumber(e.Name()); ok {
+			w.files = append(w.files, n)
+		}
+	}
+	slices.Sort(w.files)
+	b, err := os.ReadFile(filepath.Join(dir, stateFile))
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		// A new worker, or one whose state was removed by hand: continue its newest
+		// file as it is; every seq is new.
+		if len(w.files) > 0 {
+			w.state.File = w.files[len(w.files)-1]
+			if fi, err := os.Stat(w.dataPath(w.state.File)); err == nil {
+				w.state.Size = fi.Size()
+			}
+		} else {
+			w.state.File = 1
+		}
+		return w, nil
+	case err != nil:
+		return nil, err
+	}
+	if err := json.Unmarshal(b, &w.state); err != nil || w.state.File < 1 || w.state.Size < 0 {
+		return nil, fmt.Errorf("%s is damaged (%v): move it away to start the worker afresh", filepath.Join(dir, stateFile), err)
+	}
+	// Cut off what was written after the last acknowledged batch.
+	for len(w.files) > 0 && w.files[len(w.files)-1] > w.state.File {
+		n := w.files[len(w.files)-1]
+		if err := os.Remove(w.dataPath(n)); err != nil {
+			return nil, err
+		}
+		w.files = w.files[:len(w.files)-1]
+	}
+	fi, err := os.Stat(w.dataPath(w.state.File))
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		w.state.Size = 0
+	case err != nil:
+		return nil, err
+	case fi.Size() > w.state.Size:
+		if err := os.Truncate(w.dataPath(w.state.File), w.state.Size); err != nil {
+			return nil, err
+		}
+	case fi.Size() < w.state.Size:
+		w.state.Size = fi.Size() // shortened by hand; carry on from what is there
+	}
+	return w, nil
+}
+
+func dataFileNumber(name string) (int, bool) {
+	base, ok := strings.CutSuffix(name, dataSuffix)
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.Atoi(base)
+	return n, err == nil && n > 0
+}
+
+func (w *workerLog) dataPath(n int) string {
+	return filepath.Join(w.dir, fmt.Sprintf("%08d%s", n, dataSuffix))
+}
+
+// appendBatch writes data (whole lines) as batch seq of the current stream, makes it
+// durable and records it in state.json. The caller holds w.mu. On error nothing is
+// recorded and the batch must not be acknowledged.
+func (w *workerLog) appendBatch(data []byte, seq, dropped uint64, maxFileBytes int64, maxFiles int) error {
+	if w.state.Size > 0 && w.state.Size+int64(len(data)) > maxFileBytes {
+		if err := w.rotate(maxFiles); err != nil {
+			return fmt.Errorf("rotate: %w", err)
+		}
+	}
+	if w.file == nil {
+		f, err := os.OpenFile(w.dataPath(w.state.File), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+		if err != nil {
+			return err
+		}
+		w.file = f
+		if !slices.Contains(w.files, w.state.File) {
+			w.files = append(w.files, w.state.File)
+			if err := syncDir(w.dir); err != nil {
+				return err
+			}
+		}
+	}
+	if _, err := w.file.Write(data); err != nil {
+		// Leave no partial batch behind: the resend writes it whole.
+		_ = w.file.Truncate(w.state.Size)
+		return fmt.Errorf("write: %w", err)
+	}
+	if err := w.file.Sync(); err != nil {
+		_ = w.file.Truncate(w.state.Size)
+		return fmt.Errorf("fsync: %w", err)
+	}
+	next := w.state
+	next.LastSeq, next.Dropped, next.Size = seq, max(dropped, w.state.Dropped), w.state.Size+int64(len(data))
+	if err := writeState(w.dir, next); err != nil {
+		_ = w.file.Truncate(w.state.Size)
+		return fmt.Errorf("state: %w", err)
+	}
+	w.state = next
+	return nil
+}
+
+// rotate starts the next data file and deletes the oldest beyond maxFiles.
+func (w *workerLog) rotate(maxFiles int) error {
+	if w.file != nil {
+		if err := w.file.Close(); err != nil {
+			return err
+		}
+		w.file = nil
+	}
+	w.state.File++
+	w.state.Size = 0
+	f, err := os.OpenFile(w.dataPath(w.state.File), os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	w.file = f
+	w.files = append(w.files, w.state.File)
+	for len(w.files) > maxFiles {
+		if err := os.Remove(w.dataPath(w.files[0])); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		w.files = w.files[1:]
+	}
+	return syncDir(w.dir)
+}
+
+func writeState(dir string, st workerState) error {
+	b, err := json.Marshal(st)
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(dir, stateFile+".tmp")
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, stateFile)); err != nil {
+		return err
+	}
+	return syncDir(dir)
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// scan calls fn with each acknowledged record of the worker, oldest first. Records
+// written while it runs may or may not be seen; fn must not keep line.
+func (w *workerLog) scan(fn func(line []byte)) error {
+	w.mu.Lock()
+	files := slices.Clone(w.files)
+	current, size := w.state.File, w.state.Size
+	w.mu.Unlock()
+	for _, n := range files {
+		f, err := os.Open(w.dataPath(n))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // rotated away meanwhile
+		}
+		if err != nil {
+			return err
+		}
+		var r io.Reader = f
+		if n == current {
+			r = io.LimitReader(f, size)
+		}
+		err = scanLines(bufio.NewReaderSize(r, 64<<10), fn)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("read %s: %w", w.dataPath(n), err)
+		}
+	}
+	return nil
+}
+
+func scanLines(r *bufio.Reader, fn func([]byte)) error {
+	var long []byte
+	for {
+		line, err := r.ReadSlice('\n')
+		if errors.Is(err, bufio.ErrBufferFull) {
+			long = append(long, line...)
+			continue
+		}
+		if long != nil {
+			line = append(long, line...)
+			long = nil
+		}
+		if err == nil {
+			fn(line[:len(line)-1])
+			continue
+		}
+		if errors.Is(err, io.EOF) {
+			return nil // a last line without its newline is not a whole record
+		}
+		return err
+	}
+}
+
+// recordTime reads a record's "time": RFC 3339 text, or Unix seconds as a number.
+func recordTime(raw json.RawMessage) (time.Time, bool) {
+	if len(raw) == 0 {
+		return time.Time{}, false
+	}
+	if raw[0] == '"' {
+		var s string
+		if json.Unmarshal(raw, &s) != nil {
+			return time.Time{}, false
+		}
+		t, err := time.Parse(time.RFC3339Nano, s)
+		return t, err == nil
+	}
+	f, err := strconv.ParseFloat(string(raw), 64)
+	if err != nil {
+		return time.Time{}, false
+	}
+	sec := int64(f)
+	return time.Unix(sec, int64((f-float64(sec))*1e9)), true
+}

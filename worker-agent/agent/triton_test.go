@@ -1,0 +1,352 @@
+package agent_test
+
+import (
+	"encoding/json"
+	"io"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	pb "github.com/smartroute/smartroute/proto/smartroutev1"
+	"github.com/smartroute/smartroute/worker-agent/agent"
+	"github.com/smartroute/smartroute/worker-agent/backend/triton"
+	"github.com/smartroute/smartroute/worker-agent/backend/triton/fake"
+)
+
+// withTriton serves a fake Triton and points the agent's triton backend at it. The
+// fake outlives the agent (cleanups run last-registered first).
+func withTriton(t *testing.T, f *fake.Server) option {
+	srv := httptest.NewServer(f)
+	t.Cleanup(func() {
+		f.Close()
+		srv.Close()
+	})
+	return func(h *harness) {
+		h.cfg.BackendName = triton.Name
+		h.cfg.Triton = triton.Config{URL: srv.URL, PollInterval: time.Millisecond}
+	}
+}
+
+// runTyped assigns one task of a type and returns its result.
+func runTyped(p *peer, taskID, taskType, label, params string) *pb.TaskResult {
+	p.t.Helper()
+	p.assign(&pb.TaskAssignment{TaskId: taskID, TaskType: taskType, Label: label, ParametersJson: []byte(params)})
+	r := p.result()
+	if r.GetTaskId() != taskID {
+		p.t.Fatalf("result for %q, want %q", r.GetTaskId(), taskID)
+	}
+	return r
+}
+
+const inferParams = `{"id":"r1","inputs":[{"name":"input_ids","shape":[1,3],"datatype":"INT64","data":[1,2,3]}],"outputs":[{"name":"sentence_embedding"}]}`
+
+// awaitEvent reads fake events until want arrives.
+func awaitEvent(t *testing.T, events <-chan string, want string) {
+	t.Helper()
+	timeout := time.After(waitLimit)
+	for {
+		select {
+		case ev := <-events:
+			if ev == want {
+				return
+			}
+		case <-timeout:
+			t.Fatalf("fake Triton event %q did not come", want)
+		}
+	}
+}
+
+func TestTritonColdLoadThenHit(t *testing.T) {
+	t.Parallel()
+	f := fake.New(fake.Config{Models: []string{"a", "b"}})
+	h := setup(t, withTriton(t, f))
+	p := h.connect()
+	if got := p.hello.GetLoadableLabels(); !slices.Equal(got, []string{"a", "b"}) {
+		t.Errorf("loadable_labels %q, want the repository index", got)
+	}
+	if len(p.hello.GetHeldLabels()) != 0 || !strings.Contains(p.hello.GetAgent(), "backend=triton") {
+		t.Errorf("hello %v", p.hello)
+	}
+
+	r1 := runTyped(p, "t1", "infer", "a", inferParams)
+	if !r1.GetOk() || !r1.GetLabelMiss() {
+		t.Fatalf("first result %v, want ok with a label miss", r1)
+	}
+	var resp struct {
+		ModelName string `json:"model_name"`
+		Outputs   []struct{ Shape []int }
+	}
+	if err := json.Unmarshal(r1.GetResult(), &resp); err != nil || resp.ModelName != "a" || len(resp.Outputs) != 1 {
+		t.Fatalf("result %s is not Triton's answer (%v)", r1.GetResult(), err)
+	}
+	if r1.GetLoadDurationUs() <= 0 {
+		t.Errorf("load duration %dus on a miss", r1.GetLoadDurationUs())
+	}
+	r2 := runTyped(p, "t2", "infer", "a", inferParams)
+	if !r2.GetOk() || r2.GetLabelMiss() || r2.GetLoadDurationUs() != 0 {
+		t.Fatalf("second result %v, want ok without a load", r2)
+	}
+	if got := p.eventKinds(); !slices.Equal(got, []string{"LOADING a", "LOADED a"}) {
+		t.Errorf("label events %q", got)
+	}
+	if n := f.LoadRequests("a"); n != 1 {
+		t.Errorf("%d load requests, want 1", n)
+	}
+	if err := h.stop(p); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+}
+
+func TestTritonEmbedTextsAndUnknownType(t *testing.T) {
+	t.Parallel()
+	f := fake.New(fake.Config{Models: []string{"emb"}, Dim: 4})
+	h := setup(t, withTriton(t, f))
+	p := h.connect()
+	r := runTyped(p, "t1", "embed_texts", "emb", `{"texts": ["text to process", "another"]}`)
+	if !r.GetOk() {
+		t.Fatalf("result %v", r)
+	}
+	var got struct{ Embeddings [][]float32 }
+	if err := json.Unmarshal(r.GetResult(), &got); err != nil {
+		t.Fatalf("result %s: %v", r.GetResult(), err)
+	}
+	if len(got.Embeddings) != 2 || !slices.Equal(got.Embeddings[0], f.Embedding("emb", "text to process")) ||
+		!slices.Equal(got.Embeddings[1], f.Embedding("emb", "another")) {
+		t.Fatalf("embeddings %v", got.Embeddings)
+	}
+	r = runTyped(p, "t2", "sample_task", "emb", `{"data":"sample"}`)
+	if r.GetOk() || r.GetError() != `unknown task type "sample_task"; the triton backend runs infer and embed_texts` {
+		t.Fatalf("result %v, want a clear unknown-task-type error", r)
+	}
+	if err := h.stop(p); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+}
+
+func TestTritonEvictionWaitsForUnloading(t *testing.T) {
+	t.Parallel()
+	f := fake.New(fake.Config{Models: []string{"a", "b"}})
+	h := setup(t, withTriton(t, f), withConfig(func(c *agent.Config) { c.MaxLabels = 1 }))
+	p := h.connect()
+	if r := runTyped(p, "t1", "infer", "a", inferParams); !r.GetOk() {
+		t.Fatalf("result %v", r)
+	}
+	events := f.Subscribe()
+	release := f.HoldUnloads("a")
+	p.assign(&pb.TaskAssignment{TaskId: "t2", TaskType: "infer", Label: "b", ParametersJson: []byte(inferParams)})
+	awaitEvent(t, events, "unload_start a")
+	// The agent keeps reading the index while a is UNLOADING and loads nothing.
+	awaitEvent(t, events, "index_unloading a")
+	awaitEvent(t, events, "index_unloading a")
+	if evs := f.Events(); slices.Contains(evs, "load_start b") {
+		t.Fatalf("b started loading while a was UNLOADING: %q", evs)
+	}
+	release()
+	r := p.result()
+	if !r.GetOk() || !r.GetLabelMiss() || r.GetEvictedLabel() != "a" {
+		t.Fatalf("result %v, want ok after evicting a", r)
+	}
+	evs := f.Events()
+	if i, j := slices.Index(evs, "unloaded a"), slices.Index(evs, "load_start b"); i < 0 || j < i {
+		t.Fatalf("fake events %q: b loaded before a left UNLOADING", evs)
+	}
+	if w := f.LoadsWhileUnloading(); len(w) > 0 {
+		t.Fatalf("loads while unloading: %q", w)
+	}
+	if got := f.Loaded(); !slices.Equal(got, []string{"b"}) {
+		t.Fatalf("Triton holds %q, want b", got)
+	}
+	if err := h.stop(p); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	if got := p.eventKinds(); !slices.Contains(got, "EVICTED a") {
+		t.Errorf("label events %q lack EVICTED a", got)
+	}
+}
+
+func TestTritonLoadFailure(t *testing.T) {
+	t.Parallel()
+	for _, old := range []bool{false, true} {
+		t.Run(map[bool]string{false: "current", true: "old-server"}[old], func(t *testing.T) {
+			t.Parallel()
+			f := fake.New(fake.Config{Models: []string{"bad", "good"}, OldErrors: old})
+			f.FailLoads("bad", "CUDA out of memory")
+			h := setup(t, withTriton(t, f))
+			p := h.connect()
+			r := runTyped(p, "t1", "infer", "bad", inferParams)
+			if r.GetOk() || !strings.Contains(r.GetError(), "load failed for model 'bad'") ||
+				!strings.Contains(r.GetError(), "CUDA out of memory") || !strings.Contains(r.GetError(), "HTTP 400") {
+				t.Fatalf("result %v, want the task failed with Triton's message", r)
+			}
+			var failed *pb.LabelEvent
+			for _, ev := range p.events {
+				if ev.GetKind() == pb.LabelEvent_KIND_LOAD_FAILED && ev.GetLabel() == "bad" {
+					failed = ev
+				}
+			}
+			if failed == nil || !strings.Contains(failed.GetError(), "CUDA out of memory") {
+				t.Fatalf("label events %v, want LOAD_FAILED bad with Triton's message", p.events)
+			}
+			// A folder removed after start: 500 from a current server, 400 from an old one.
+			f.RemoveModel("good")
+			r = runTyped(p, "t2", "infer", "good", inferParams)
+			want := "HTTP 500"
+			if old {
+				want = "HTTP 400"
+			}
+			if r.GetOk() || !strings.Contains(r.GetError(), "failed to poll from model repository") || !strings.Contains(r.GetError(), want) {
+				t.Fatalf("result %v, want Triton's missing-folder error with %s", r, want)
+			}
+			if err := h.stop(p); err != nil {
+				t.Fatalf("Run = %v", err)
+			}
+		})
+	}
+}
+
+func TestTritonGoesAwayAndComesBack(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"not-live", "down", "old-server"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			f := fake.New(fake.Config{Models: []string{"a"}, OldErrors: how == "old-server"})
+			// The health check's own timeout is the interval: short enough for a quick
+			// test, long enough for a loopback call under -race.
+			h := setup(t, withTriton(t, f), withConfig(func(c *agent.Config) { c.HealthInterval = 50 * time.Millisecond }))
+			p := h.connect()
+			if r := runTyped(p, "t1", "infer", "a", inferParams); !r.GetOk() {
+				t.Fatalf("result %v", r)
+			}
+			if how == "down" {
+				f.SetDown(true)
+			} else {
+				f.SetLive(false)
+			}
+			st := p.status()
+			if st.GetAccepting() || !strings.Contains(st.GetReason(), "triton is not live") {
+				t.Fatalf("status %v, want not accepting because triton is not live", st)
+			}
+			r := runTyped(p, "t2", "infer", "a", inferParams)
+			if r.GetOk() || !r.GetRefused() {
+				t.Fatalf("result %v, want a refusal while Triton is away", r)
+			}
+			f.SetDown(false)
+			f.SetLive(true)
+			if st := p.status(); !st.GetAccepting() {
+				t.Fatalf("status %v, want accepting again", st)
+			}
+			if r := runTyped(p, "t3", "infer", "a", inferParams); !r.GetOk() || r.GetLabelMiss() {
+				t.Fatalf("result %v, want ok on the label still loaded", r)
+			}
+			if err := h.stop(p); err != nil {
+				t.Fatalf("Run = %v", err)
+			}
+		})
+	}
+}
+
+func TestTritonLoadedModelsAtStartCount(t *testing.T) {
+	t.Parallel()
+	f := fake.New(fake.Config{Models: []string{"a", "b", "c", "d"}, Preload: []string{"a", "b", "c"}})
+	h := setup(t, withTriton(t, f), withConfig(func(c *agent.Config) { c.MaxLabels = 2 }))
+	p := h.connect()
+	if got := p.hello.GetHeldLabels(); !slices.Equal(got, []string{"a", "b"}) {
+		t.Errorf("held_labels %q, want a b", got)
+	}
+	if got := p.hello.GetLoadableLabels(); !slices.Equal(got, []string{"a", "b", "c", "d"}) {
+		t.Errorf("loadable_labels %q", got)
+	}
+	// The extra was unloaded, and fully, before the hello.
+	if got, st := f.Loaded(), f.State("c"); !slices.Equal(got, []string{"a", "b"}) || st != fake.StateUnavailable {
+		t.Errorf("Triton holds %q with c %s, want a b and c UNAVAILABLE", got, st)
+	}
+	// Held labels run without a load; a new one evicts one of them.
+	if r := runTyped(p, "t1", "infer", "b", inferParams); !r.GetOk() || r.GetLabelMiss() {
+		t.Fatalf("result %v, want ok without a load", r)
+	}
+	if r := runTyped(p, "t2", "infer", "d", inferParams); !r.GetOk() || !r.GetLabelMiss() || r.GetEvictedLabel() != "a" {
+		t.Fatalf("result %v, want a miss evicting a", r)
+	}
+	if err := h.stop(p); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+}
+
+func TestTritonWaitsForLiveAtStart(t *testing.T) {
+	t.Parallel()
+	f := fake.New(fake.Config{Models: []string{"a"}, Preload: []string{"a"}})
+	f.SetLive(false)
+	events := f.Subscribe()
+	h := setup(t, withTriton(t, f))
+	// The agent keeps asking and does not dial the dispatcher meanwhile.
+	awaitEvent(t, events, "live_refused")
+	awaitEvent(t, events, "live_refused")
+	select {
+	case <-h.conns:
+		t.Fatal("the agent connected before Triton was live")
+	default:
+	}
+	f.SetLive(true)
+	p := h.connect()
+	if got := p.hello.GetHeldLabels(); !slices.Equal(got, []string{"a"}) || p.hello.GetUnavailable() {
+		t.Errorf("hello %v, want a held and available", p.hello)
+	}
+	if err := h.stop(p); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+}
+
+func TestTritonConcurrentTasksShareOneLoad(t *testing.T) {
+	t.Parallel()
+	f := fake.New(fake.Config{Models: []string{"a"}})
+	events := f.Subscribe()
+	release := f.HoldLoads("a")
+	h := setup(t, withTriton(t, f), withConfig(func(c *agent.Config) { c.Slots = 3 }))
+	p := h.connect()
+	for _, id := range []string{"t1", "t2", "t3"} {
+		p.assign(&pb.TaskAssignment{TaskId: id, TaskType: "infer", Label: "a", ParametersJson: []byte(inferParams)})
+	}
+	awaitEvent(t, events, "load_start a")
+	release()
+	misses := 0
+	for range 3 {
+		r := p.result()
+		if !r.GetOk() {
+			t.Fatalf("result %v", r)
+		}
+		if r.GetLabelMiss() {
+			misses++
+		}
+	}
+	if misses != 1 || f.LoadRequests("a") != 1 || f.MaxConcurrentLoads("a") != 1 {
+		t.Fatalf("%d misses, %d load requests, %d at once; want 1, 1, 1", misses, f.LoadRequests("a"), f.MaxConcurrentLoads("a"))
+	}
+	if err := h.stop(p); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+}
+
+func TestTritonFlags(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"TRITON_TEXT_INPUT": "text_input"}
+	c, err := agent.ConfigFromArgs([]string{"--backend", "triton", "--triton-url", "http://triton:8000", "--triton-load-timeout", "3m",
+		"--triton-embedding-output", "embedding"}, func(k string) string { return env[k] }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.BackendName != "triton" || c.Triton.URL != "http://triton:8000" || c.Triton.LoadTimeout != 3*time.Minute ||
+		c.Triton.TextInput != "text_input" || c.Triton.EmbeddingOutput != "embedding" ||
+		c.Triton.UnloadTimeout != triton.DefaultUnloadTimeout || c.Triton.StartTimeout != triton.DefaultStartTimeout {
+		t.Fatalf("config %+v", c.Triton)
+	}
+	d, err := agent.ConfigFromArgs(nil, func(string) string { return "" }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Triton.URL != "http://127.0.0.1:8000" || d.Triton.LoadTimeout != 10*time.Minute ||
+		d.Triton.TextInput != "TEXT" || d.Triton.EmbeddingOutput != "sentence_embedding" {
+		t.Fatalf("defaults %+v", d.Triton)
+	}
+}

@@ -1,0 +1,692 @@
+// Package triton is the worker agent's backend over a Triton Inference Server's HTTP API
+// (KServe v2 plus the model repository extension), with Triton started in explicit
+// model-control mode. A label is a model in Triton's repository.
+//
+// What it does, following ../../../../shared/TRITON.md:
+//   - WaitStarted waits for GET /v2/health/live; Inventory reads the repository index
+//     (POST /v2/repository/index): every model listed is loadable, those READY are loaded.
+//   - Health is GET /v2/health/live (never /v2/health/ready, which is false while any
+//     model loads or unloads).
+//   - Load is the blocking POST /v2/repository/models/{m}/load under LoadTimeout.
+//     Concurrent Loads of one model share one request; a load that times out is unloaded
+//     again so that it does not hold memory nobody tracks.
+//   - Unload is POST /v2/repository/models/{m}/unload, which returns as soon as the
+//     unload starts, followed by polling the index until the model has left UNLOADING
+//     (UNAVAILABLE or absent), all under UnloadTimeout: only then is its memory free.
+//   - Loads and unloads of one model never overlap.
+//   - Any non-2xx answer is a failure carrying Triton's {"error": "..."} message, since
+//     servers before late 2023 answer 400 for almost everything.
+//
+// Task types: "infer" posts parameters_json, a KServe v2 infer request body, to
+// /v2/models/{label}/infer and returns Triton's JSON answer as the result;
+// "embed_texts" sends {"texts": [...]} as a BYTES input of shape [n, 1] named TextInput,
+// asks for the FP32 output EmbeddingOutput and returns {"embeddings": [[...], ...]}.
+package triton
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/smartroute/smartroute/worker-agent/backend"
+)
+
+// Name is the backend name used in --backend and in the hello's agent string.
+const Name = "triton"
+
+// Task types the backend runs.
+const (
+	TaskInfer      = "infer"
+	TaskEmbedTexts = "embed_texts"
+)
+
+// Defaults filled in by WithDefaults.
+const (
+	DefaultURL             = "http://127.0.0.1:8000"
+	DefaultLoadTimeout     = 10 * time.Minute
+	DefaultUnloadTimeout   = 2 * time.Minute
+	DefaultStartTimeout    = 5 * time.Minute
+	DefaultPollInterval    = 100 * time.Millisecond
+	DefaultTextInput       = "TEXT"
+	DefaultEmbeddingOutput = "sentence_embedding"
+)
+
+// maxErrorBody bounds how much of an error answer is read for its message.
+const maxErrorBody = 64 << 10
+
+// Config configures the backend. Each field's comment says what its zero value means.
+type Config struct {
+	// URL is Triton's HTTP endpoint. Empty means DefaultURL (http://127.0.0.1:8000).
+	URL string
+	// LoadTimeout bounds one model load (Triton's load call blocks until the model is
+	// ready, which can take minutes for a large model). Zero means 10m.
+	LoadTimeout time.Duration
+	// UnloadTimeout bounds one unload: the call plus the wait for the model to leave
+	// UNLOADING. Zero means 2m.
+	UnloadTimeout time.Duration
+	// StartTimeout bounds WaitStarted's wait for Triton to become live when the agent
+	// starts. Zero means 5m.
+	StartTimeout time.Duration
+	// PollInterval is how often the index is read while waiting for an unload to end,
+	// and how often liveness is checked while waiting for Triton to start. Zero means
+	// 100ms.
+	PollInterval time.Duration
+	// TextInput names the BYTES input embed_texts fills. Empty means "TEXT".
+	TextInput string
+	// EmbeddingOutput names the FP32 output embed_texts reads. Empty means
+	// "sentence_embedding".
+	EmbeddingOutput string
+	// Client sends the requests. Nil means a client of its own with no overall timeout
+	// (every call is bounded by its context).
+	Client *http.Client
+	// Log receives the backend's records. The zero logger writes nothing.
+	Log zerolog.Logger
+}
+
+// WithDefaults returns a copy of c with zero values replaced by their defaults.
+func (c Config) WithDefaults() Config {
+	if c.URL == "" {
+		c.URL = DefaultURL
+	}
+	setDuration(&c.LoadTimeout, DefaultLoadTimeout)
+	setDuration(&c.UnloadTimeout, DefaultUnloadTimeout)
+	setDuration(&c.StartTimeout, DefaultStartTimeout)
+	setDuration(&c.PollInterval, DefaultPollInterval)
+	if c.TextInput == "" {
+		c.TextInput = DefaultTextInput
+	}
+	if c.EmbeddingOutput == "" {
+		c.EmbeddingOutput = DefaultEmbeddingOutput
+	}
+	return c
+}
+
+func setDuration(d *time.Duration, def time.Duration) {
+	if *d == 0 {
+		*d = def
+	}
+}
+
+// Validate checks a config that went through WithDefaults; each message names the field.
+func (c Config) Validate() error {
+	var errs []error
+	u, err := url.Parse(c.URL)
+	switch {
+	case err != nil:
+		errs = append(errs, fmt.Errorf("URL %q: %w", c.URL, err))
+	case u.Scheme != "http" && u.Scheme != "https":
+		errs = append(errs, fmt.Errorf("URL %q must start with http:// or https://", c.URL))
+	case u.Host == "":
+		errs = append(errs, fmt.Errorf("URL %q has no host", c.URL))
+	}
+	for _, f := range []struct {
+		name string
+		d    time.Duration
+	}{
+		{"LoadTimeout", c.LoadTimeout}, {"UnloadTimeout", c.UnloadTimeout},
+		{"StartTimeout", c.StartTimeout}, {"PollInterval", c.PollInterval},
+	} {
+		if f.d < 0 {
+			errs = append(errs, fmt.Errorf("%s must not be negative, got %s", f.name, f.d))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Error is a failed Triton call: a non-2xx answer (StatusCode and Triton's message) or
+// no answer at all (StatusCode 0 and Err).
+type Error struct {
+	Op         string // "load", "unload", "infer", "index", "live"
+	Model      string // empty for server-wide calls
+	StatusCode int
+	Message    string // Triton's {"error": ...}, or the body's text
+	Err        error  // the transport error when there was no answer
+}
+
+func (e *Error) Error() string {
+	what := "triton " + e.Op
+	if e.Model != "" {
+		what += fmt.Sprintf(" %q", e.Model)
+	}
+	if e.StatusCode == 0 {
+		return fmt.Sprintf("%s: %v", what, e.Err)
+	}
+	return fmt.Sprintf("%s: %s (HTTP %d)", what, e.Message, e.StatusCode)
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// Backend runs tasks on a Triton server.
+type Backend struct {
+	cfg    Config
+	base   string // URL without a trailing slash
+	client *http.Client
+	log    zerolog.Logger
+
+	mu     sync.Mutex
+	models map[string]*modelOps // per model, created on first use
+	loaded map[string]bool      // models this backend loaded (or found loaded) and has not unloaded
+}
+
+// modelOps serialises the loads and unloads of one model and merges concurrent loads.
+type modelOps struct {
+	lock chan struct{} // holds a token while a load or unload of the model is under way
+	load *loadCall     // the load callers can join; guarded by Backend.mu
+}
+
+// loadCall is one load request shared by every Load that joined it. It is cancelled
+// when the last of them gives up.
+type loadCall struct {
+	done    chan struct{} // closed when err is set
+	err     error
+	waiters int // guarded by Backend.mu
+	cancel  context.CancelFunc
+}
+
+var (
+	_ backend.Backend = (*Backend)(nil)
+	_ backend.Starter = (*Backend)(nil)
+)
+
+// New returns a Triton backend. It makes no request.
+func New(cfg Config) (*Backend, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	client := cfg.Client
+	if client == nil {
+		client = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+	}
+	return &Backend{
+		cfg:    cfg,
+		base:   strings.TrimRight(cfg.URL, "/"),
+		client: client,
+		log:    cfg.Log,
+		models: make(map[string]*modelOps),
+		loaded: make(map[string]bool),
+	}, nil
+}
+
+// Name returns "triton".
+func (b *Backend) Name() string { return Name }
+
+// WaitStarted waits until Triton is live, up to StartTimeout or until ctx ends.
+func (b *Backend) WaitStarted(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, b.cfg.StartTimeout)
+	defer cancel()
+	err := b.live(ctx)
+	if err == nil {
+		return nil
+	}
+	b.log.Info().Err(err).Str("triton_url", b.cfg.URL).Msg("waiting for triton to become live")
+	t := time.NewTicker(b.cfg.PollInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return fmt.Errorf("triton at %s not live within %s: %w", b.cfg.URL, b.cfg.StartTimeout, err)
+			}
+			return ctx.Err()
+		case <-t.C:
+		}
+		if err = b.live(ctx); err == nil {
+			b.log.Info().Str("triton_url", b.cfg.URL).Msg("triton is live")
+			return nil
+		}
+	}
+}
+
+// Inventory reads the repository index: every model in it is loadable, those READY are
+// loaded. Their order is the index's (by name): Triton does not say which was used last.
+func (b *Backend) Inventory(ctx context.Context) (backend.Inventory, error) {
+	entries, err := b.index(ctx)
+	if err != nil {
+		return backend.Inventory{}, err
+	}
+	var inv backend.Inventory
+	for _, e := range entries {
+		if e.Name == "" {
+			continue
+		}
+		if !slices.Contains(inv.Loadable, e.Name) {
+			inv.Loadable = append(inv.Loadable, e.Name)
+		}
+		if e.State == "READY" && !slices.Contains(inv.Loaded, e.Name) {
+			inv.Loaded = append(inv.Loaded, e.Name)
+			b.setLoaded(e.Name, true)
+		}
+	}
+	b.log.Info().Strs("loadable", inv.Loadable).Strs("loaded", inv.Loaded).Msg("triton repository index read")
+	return inv, nil
+}
+
+// Health reports whether Triton is live.
+func (b *Backend) Health(ctx context.Context) error {
+	if err := b.live(ctx); err != nil {
+		return fmt.Errorf("triton is not live: %w", err)
+	}
+	return nil
+}
+
+func (b *Backend) live(ctx context.Context) error {
+	_, err := b.call(ctx, "live", "", http.MethodGet, "/v2/health/live", nil)
+	return err
+}
+
+// indexEntry is one row of the repository index; a model never loaded has only Name.
+type indexEntry struct {
+	Name    string `json:"name"`
+	Version string `json:"version"`
+	State   string `json:"state"`
+	Reason  string `json:"reason"`
+}
+
+func (b *Backend) index(ctx context.Context) ([]indexEntry, error) {
+	body, err := b.call(ctx, "index", "", http.MethodPost, "/v2/repository/index", []byte(`{}`))
+	if err != nil {
+		return nil, err
+	}
+	var entries []indexEntry
+	if err := json.Unmarshal(body, &entries); err != nil {
+		return nil, fmt.Errorf("triton index: answer is not a JSON array of models: %w", err)
+	}
+	return entries, nil
+}
+
+func (b *Backend) setLoaded(label string, loaded bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if loaded {
+		b.loaded[label] = true
+	} else {
+		delete(b.loaded, label)
+	}
+}
+
+func (b *Backend) ops(label string) *modelOps {
+	m := b.models[label]
+	if m == nil {
+		m = &modelOps{lock: make(chan struct{}, 1)}
+		b.models[label] = m
+	}
+	return m
+}
+
+// lock takes label's operation lock, or returns ctx's error.
+func (m *modelOps) acquire(ctx context.Context) error {
+	select {
+	case m.lock <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (m *modelOps) release() { <-m.lock }
+
+// Load loads label with Triton's blocking load call, bounded by LoadTimeout. Concurrent
+// Loads of one label share one request; each returns when it ends or its own ctx does.
+func (b *Backend) Load(ctx context.Context, label string) error {
+	if label == "" {
+		return errors.New("triton load: empty label")
+	}
+	b.mu.Lock()
+	m := b.ops(label)
+	c := m.load
+	if c == nil {
+		// The load runs under its own context so that one caller giving up does not
+		// abort it for the others; the last caller to give up cancels it.
+		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.cfg.LoadTimeout)
+		c = &loadCall{done: make(chan struct{}), cancel: cancel}
+		m.load = c
+		go b.runLoad(lctx, label, m, c)
+	}
+	c.waiters++
+	b.mu.Unlock()
+
+	select {
+	case <-c.done:
+		return c.err
+	case <-ctx.Done():
+		b.mu.Lock()
+		c.waiters--
+		if c.waiters == 0 {
+			c.cancel()
+			if m.load == c {
+				m.load = nil // a later Load starts afresh rather than join a cancelled one
+			}
+		}
+		b.mu.Unlock()
+		return ctx.Err()
+	}
+}
+
+func (b *Backend) runLoad(ctx context.Context, label string, m *modelOps, c *loadCall) {
+	defer c.cancel()
+	err := m.acquire(ctx)
+	if err == nil {
+		err = b.load(ctx, label)
+		if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			// Triton goes on loading after the client gives up; unload so the model does
+			// not hold memory the agent does not count.
+			uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.cfg.UnloadTimeout)
+			if uerr := b.unload(uctx, label); uerr != nil {
+				b.log.Warn().Err(uerr).Str("label", label).Msg("unload after a timed-out load failed")
+			}
+			cancel()
+			err = fmt.Errorf("triton load %q: no answer within %s: %w", label, b.cfg.LoadTimeout, err)
+		}
+		m.release()
+	}
+	b.mu.Lock()
+	if m.load == c {
+		m.load = nil
+	}
+	if err == nil {
+		b.loaded[label] = true
+	}
+	c.err = err
+	b.mu.Unlock()
+	close(c.done)
+}
+
+func (b *Backend) load(ctx context.Context, label string) error {
+	_, err := b.call(ctx, "load", label, http.MethodPost, "/v2/repository/models/"+url.PathEscape(label)+"/load", nil)
+	return err
+}
+
+// Unload starts unloading label and waits until the index shows it has left UNLOADING,
+// bounded by UnloadTimeout. Unloading a model that is not loaded is a no-op.
+func (b *Backend) Unload(ctx context.Context, label string) error {
+	b.mu.Lock()
+	m := b.ops(label)
+	b.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, b.cfg.UnloadTimeout)
+	defer cancel()
+	if err := m.acquire(ctx); err != nil {
+		return fmt.Errorf("triton unload %q: waiting for the operation under way: %w", label, err)
+	}
+	defer m.release()
+	b.setLoaded(label, false)
+	return b.unload(ctx, label)
+}
+
+func (b *Backend) unload(ctx context.Context, label string) error {
+	if _, err := b.call(ctx, "unload", label, http.MethodPost, "/v2/repository/models/"+url.PathEscape(label)+"/unload", nil); err != nil {
+		return err
+	}
+	var t *time.Ticker
+	state := "UNLOADING" // until the index says otherwise
+	for {
+		entries, err := b.index(ctx)
+		if err != nil && ctx.Err() != nil {
+			return fmt.Errorf("triton unload %q: still %s: %w", label, state, ctx.Err())
+		}
+		if err != nil {
+			return fmt.Errorf("triton unload %q: waiting for the unload to end: %w", label, err)
+		}
+		state = ""
+		for _, e := range entries {
+			if e.Name == label && e.State != "" {
+				state = e.State
+			}
+		}
+		// Absent, never loaded, or UNAVAILABLE: the memory is free.
+		if state == "" || state == "UNAVAILABLE" {
+			return nil
+		}
+		if t == nil {
+			t = time.NewTicker(b.cfg.PollInterval)
+			defer t.Stop()
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("triton unload %q: still %s: %w", label, state, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// Run runs one task on a loaded label.
+func (b *Backend) Run(ctx context.Context, task backend.Task) ([]byte, error) {
+	switch task.Type {
+	case TaskInfer:
+		return b.runInfer(ctx, task)
+	case TaskEmbedTexts:
+		return b.runEmbed(ctx, task)
+	default:
+		return nil, fmt.Errorf("unknown task type %q; the triton backend runs %s and %s", task.Type, TaskInfer, TaskEmbedTexts)
+	}
+}
+
+// runInfer posts the task's parameters, a KServe v2 infer request, and returns
+// Triton's JSON answer.
+func (b *Backend) runInfer(ctx context.Context, task backend.Task) ([]byte, error) {
+	var req struct {
+		Inputs     []json.RawMessage `json:"inputs"`
+		Parameters map[string]any    `json:"parameters"`
+		Outputs    []struct {
+			Parameters map[string]any `json:"parameters"`
+		} `json:"outputs"`
+	}
+	if err := json.Unmarshal(task.Params, &req); err != nil {
+		return nil, fmt.Errorf("infer: parameters_json must be a KServe v2 infer request object: %w", err)
+	}
+	if len(req.Inputs) == 0 {
+		return nil, errors.New("infer: parameters_json has no inputs")
+	}
+	// The result must be JSON; the binary tensor extension answers raw bytes.
+	binary := req.Parameters["binary_data_output"] == true
+	for _, o := range req.Outputs {
+		binary = binary || o.Parameters["binary_data"] == true
+	}
+	if binary {
+		return nil, errors.New("infer: binary_data outputs are not supported: the result must be JSON")
+	}
+	return b.infer(ctx, task.Label, task.Params)
+}
+
+// infer posts an infer request. When Triton says the model is not there although this
+// backend loaded it (Triton restarted, or someone unloaded it behind our back), it loads
+// the model again and retries once; the reload counts in the task's run time.
+func (b *Backend) infer(ctx context.Context, label string, body []byte) ([]byte, error) {
+	path := "/v2/models/" + url.PathEscape(label) + "/infer"
+	out, err := b.call(ctx, "infer", label, http.MethodPost, path, body)
+	var te *Error
+	if err == nil || !errors.As(err, &te) || te.StatusCode == 0 || te.StatusCode >= 500 && te.StatusCode != 503 {
+		return out, err
+	}
+	b.mu.Lock()
+	ours := b.loaded[label]
+	b.mu.Unlock()
+	if !ours {
+		return nil, err
+	}
+	// 404 (unknown), 503 (unavailable) or, from an old server, 400 for anything: ask
+	// whether the model is ready before blaming the request.
+	if _, rerr := b.call(ctx, "ready", label, http.MethodGet, "/v2/models/"+url.PathEscape(label)+"/ready", nil); rerr == nil || !errors.As(rerr, &te) || te.StatusCode == 0 {
+		return nil, err
+	}
+	b.log.Warn().Err(err).Str("label", label).Msg("triton lost a loaded model; loading it again")
+	if lerr := b.Load(ctx, label); lerr != nil {
+		return nil, fmt.Errorf("%w (loading it again failed: %w)", err, lerr)
+	}
+	return b.call(ctx, "infer", label, http.MethodPost, path, body)
+}
+
+// embedResult is what embed_texts returns. The numbers are Triton's, as it wrote them.
+type embedResult struct {
+	Embeddings [][]json.Number `json:"embeddings"`
+}
+
+func (b *Backend) runEmbed(ctx context.Context, task backend.Task) ([]byte, error) {
+	var params struct {
+		Texts *[]string `json:"texts"`
+	}
+	if err := json.Unmarshal(task.Params, &params); err != nil {
+		return nil, fmt.Errorf(`embed_texts: parameters_json must be {"texts": ["...", ...]}: %w`, err)
+	}
+	if params.Texts == nil || len(*params.Texts) == 0 {
+		return nil, errors.New(`embed_texts: parameters_json must be {"texts": ["...", ...]} with at least one text`)
+	}
+	texts := *params.Texts
+	req, err := json.Marshal(map[string]any{
+		"inputs": []any{map[string]any{
+			"name": b.cfg.TextInput, "datatype": "BYTES", "shape": []int{len(texts), 1}, "data": texts,
+		}},
+		"outputs": []any{map[string]any{"name": b.cfg.EmbeddingOutput}},
+	})
+	if err != nil {
+		return nil, err
+	}
+	body, err := b.infer(ctx, task.Label, req)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := embeddings(body, b.cfg.EmbeddingOutput, len(texts))
+	if err != nil {
+		return nil, fmt.Errorf("embed_texts on %q: %w", task.Label, err)
+	}
+	return json.Marshal(embedResult{Embeddings: rows})
+}
+
+// embeddings reads the rows of a float output from an infer answer; its data may be
+// flat (row-major) or nested, and its shape says how to split it.
+func embeddings(body []byte, output string, n int) ([][]json.Number, error) {
+	var resp struct {
+		Outputs []struct {
+			Name     string          `json:"name"`
+			Datatype string          `json:"datatype"`
+			Shape    []int64         `json:"shape"`
+			Data     json.RawMessage `json:"data"`
+		} `json:"outputs"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	if err := dec.Decode(&resp); err != nil {
+		return nil, fmt.Errorf("answer is not a KServe v2 infer response: %w", err)
+	}
+	var names []string
+	for _, o := range resp.Outputs {
+		if o.Name != output {
+			names = append(names, o.Name)
+			continue
+		}
+		switch o.Datatype {
+		case "FP32", "FP16", "BF16", "FP64":
+		default:
+			return nil, fmt.Errorf("output %q is %s, want FP32", output, o.Datatype)
+		}
+		var data any
+		dec := json.NewDecoder(bytes.NewReader(o.Data))
+		dec.UseNumber()
+		if err := dec.Decode(&data); err != nil {
+			return nil, fmt.Errorf("output %q data: %w", output, err)
+		}
+		flat, err := flattenNumbers(data, nil)
+		if err != nil {
+			return nil, fmt.Errorf("output %q data: %w", output, err)
+		}
+		if len(o.Shape) == 0 {
+			return nil, fmt.Errorf("output %q has no shape", output)
+		}
+		total := int64(1)
+		for _, d := range o.Shape {
+			if d < 0 {
+				return nil, fmt.Errorf("output %q has shape %v", output, o.Shape)
+			}
+			total *= d
+		}
+		if total != int64(len(flat)) {
+			return nil, fmt.Errorf("output %q has shape %v but %d values", output, o.Shape, len(flat))
+		}
+		width := o.Shape[len(o.Shape)-1]
+		if width == 0 || total/width != int64(n) {
+			return nil, fmt.Errorf("output %q has shape %v, want %d rows (one per text)", output, o.Shape, n)
+		}
+		rows := make([][]json.Number, n)
+		for i := range rows {
+			rows[i] = flat[int64(i)*width : int64(i+1)*width : int64(i+1)*width]
+		}
+		return rows, nil
+	}
+	return nil, fmt.Errorf("no output %q in the answer (outputs: %q); set --triton-embedding-output", output, names)
+}
+
+func flattenNumbers(v any, out []json.Number) ([]json.Number, error) {
+	switch v := v.(type) {
+	case []any:
+		for _, e := range v {
+			var err error
+			if out, err = flattenNumbers(e, out); err != nil {
+				return nil, err
+			}
+		}
+		return out, nil
+	case json.Number:
+		return append(out, v), nil
+	default:
+		return nil, fmt.Errorf("element %v is not a number", v)
+	}
+}
+
+// call sends one request and returns the body of a 2xx answer, or an *Error carrying
+// Triton's message for any other status.
+func (b *Backend) call(ctx context.Context, op, model, method, path string, body []byte) ([]byte, error) {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, b.base+path, rd)
+	if err != nil {
+		return nil, &Error{Op: op, Model: model, Err: err}
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := b.client.Do(req)
+	if err != nil {
+		return nil, &Error{Op: op, Model: model, Err: err}
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 == 2 {
+		out, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return nil, &Error{Op: op, Model: model, Err: fmt.Errorf("reading the answer: %w", err)}
+		}
+		return out, nil
+	}
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	return nil, &Error{Op: op, Model: model, StatusCode: resp.StatusCode, Message: errorMessage(resp.StatusCode, raw)}
+}
+
+// errorMessage is Triton's {"error": "..."} message, else the body's text, else the
+// status text (health endpoints answer 400 with an empty body).
+func errorMessage(code int, raw []byte) string {
+	var e struct {
+		Error string `json:"error"`
+	}
+	if json.Unmarshal(raw, &e) == nil && e.Error != "" {
+		return e.Error
+	}
+	if s := strings.TrimSpace(string(raw)); s != "" {
+		return s
+	}
+	return http.StatusText(code)
+}
+
+// CloseIdleConnections closes the client's idle keep-alive connections.
+func (b *Backend) CloseIdleConnections() { b.client.CloseIdleConnections() }

@@ -1,0 +1,448 @@
+package triton_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/smartroute/smartroute/worker-agent/backend"
+	"github.com/smartroute/smartroute/worker-agent/backend/triton"
+	"github.com/smartroute/smartroute/worker-agent/backend/triton/fake"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// waitLimit bounds every wait; reaching it is a failure, never a signal.
+const waitLimit = 10 * time.Second
+
+type bundle struct {
+	fake *fake.Server
+	srv  *httptest.Server
+	b    *triton.Backend
+}
+
+// setup serves a fake Triton holding models and returns a backend pointed at it.
+func setup(t *testing.T, fcfg fake.Config, tune func(*triton.Config)) *bundle {
+	t.Helper()
+	f := fake.New(fcfg)
+	srv := httptest.NewServer(f)
+	cfg := triton.Config{URL: srv.URL, PollInterval: time.Millisecond}
+	if tune != nil {
+		tune(&cfg)
+	}
+	b, err := triton.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		f.Close()
+		b.CloseIdleConnections()
+		srv.Close()
+	})
+	return &bundle{fake: f, srv: srv, b: b}
+}
+
+// await reads events until want arrives.
+func await(t *testing.T, events <-chan string, want string) {
+	t.Helper()
+	timeout := time.After(waitLimit)
+	for {
+		select {
+		case ev := <-events:
+			if ev == want {
+				return
+			}
+		case <-timeout:
+			t.Fatalf("event %q did not come", want)
+		}
+	}
+}
+
+func errorOf(t *testing.T, ch <-chan error) error {
+	t.Helper()
+	select {
+	case err := <-ch:
+		return err
+	case <-time.After(waitLimit):
+		t.Fatal("the call did not return")
+		return nil
+	}
+}
+
+func TestInventoryReadsTheIndex(t *testing.T) {
+	t.Parallel()
+	x := setup(t, fake.Config{Models: []string{"c", "a", "b"}, Preload: []string{"b"}}, nil)
+	if err := x.b.WaitStarted(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	inv, err := x.b.Inventory(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(inv.Loadable, []string{"a", "b", "c"}) || !slices.Equal(inv.Loaded, []string{"b"}) {
+		t.Fatalf("inventory %+v, want loadable a b c, loaded b", inv)
+	}
+}
+
+func TestColdLoadThenInfer(t *testing.T) {
+	t.Parallel()
+	x := setup(t, fake.Config{Models: []string{"m1"}, Dim: 3}, nil)
+	task := backend.Task{ID: "t1", Type: triton.TaskInfer, Label: "m1",
+		Params: []byte(`{"id":"r1","inputs":[{"name":"input_ids","shape":[2,2],"datatype":"INT64","data":[[1,2],[3,4]]}],"outputs":[{"name":"sentence_embedding"}]}`)}
+	_, err := x.b.Run(t.Context(), task)
+	var te *triton.Error
+	if !errors.As(err, &te) || te.StatusCode != 404 || !strings.Contains(err.Error(), "unknown model") {
+		t.Fatalf("Run before Load = %v, want Triton's 404", err)
+	}
+	if err := x.b.Load(t.Context(), "m1"); err != nil {
+		t.Fatal(err)
+	}
+	if got := x.fake.State("m1"); got != fake.StateReady {
+		t.Fatalf("state %q after Load", got)
+	}
+	out, err := x.b.Run(t.Context(), task)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var resp struct {
+		ID        string `json:"id"`
+		ModelName string `json:"model_name"`
+		Outputs   []struct {
+			Name     string
+			Datatype string
+			Shape    []int
+			Data     []float32
+		}
+	}
+	if err := json.Unmarshal(out, &resp); err != nil {
+		t.Fatalf("result %s: %v", out, err)
+	}
+	if resp.ID != "r1" || resp.ModelName != "m1" || len(resp.Outputs) != 1 ||
+		!slices.Equal(resp.Outputs[0].Shape, []int{2, 3}) || len(resp.Outputs[0].Data) != 6 {
+		t.Fatalf("result %s is not Triton's answer", out)
+	}
+	// Loading a loaded model is a no-op on Triton's side too.
+	if err := x.b.Load(t.Context(), "m1"); err != nil {
+		t.Fatal(err)
+	}
+	if n := x.fake.Loads("m1"); n != 1 {
+		t.Errorf("model loaded %d times, want 1", n)
+	}
+}
+
+func TestEmbedTexts(t *testing.T) {
+	t.Parallel()
+	for _, nested := range []bool{false, true} {
+		t.Run(map[bool]string{false: "flat", true: "nested"}[nested], func(t *testing.T) {
+			t.Parallel()
+			x := setup(t, fake.Config{Models: []string{"emb"}, Preload: []string{"emb"}, Dim: 4}, nil)
+			x.fake.SetNestedOutputs(nested)
+			texts := []string{"hello", "wörld", `quote " and \ slash`}
+			params, _ := json.Marshal(map[string]any{"texts": texts})
+			out, err := x.b.Run(t.Context(), backend.Task{Type: triton.TaskEmbedTexts, Label: "emb", Params: params})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got struct{ Embeddings [][]float32 }
+			if err := json.Unmarshal(out, &got); err != nil {
+				t.Fatalf("result %s: %v", out, err)
+			}
+			if len(got.Embeddings) != len(texts) {
+				t.Fatalf("%d embeddings for %d texts: %s", len(got.Embeddings), len(texts), out)
+			}
+			for i, text := range texts {
+				if want := x.fake.Embedding("emb", text); !slices.Equal(got.Embeddings[i], want) {
+					t.Errorf("embedding of %q = %v, want %v", text, got.Embeddings[i], want)
+				}
+			}
+		})
+	}
+}
+
+func TestEmbedTextsErrors(t *testing.T) {
+	t.Parallel()
+	x := setup(t, fake.Config{Models: []string{"emb"}, Preload: []string{"emb"}}, func(c *triton.Config) {
+		c.EmbeddingOutput = "pooled"
+	})
+	for _, tc := range []struct{ params, want string }{
+		{`{"texts": []}`, "at least one text"},
+		{`{"text": "a"}`, "at least one text"},
+		{`{"texts": [1]}`, `{"texts": ["...", ...]}`},
+		// The fake has no output "pooled": Triton's message comes through.
+		{`{"texts": ["a"]}`, "unexpected inference output 'pooled'"},
+	} {
+		_, err := x.b.Run(t.Context(), backend.Task{Type: triton.TaskEmbedTexts, Label: "emb", Params: []byte(tc.params)})
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("params %s: %v, want an error containing %q", tc.params, err, tc.want)
+		}
+	}
+}
+
+func TestUnknownTaskType(t *testing.T) {
+	t.Parallel()
+	x := setup(t, fake.Config{Models: []string{"m"}, Preload: []string{"m"}}, nil)
+	_, err := x.b.Run(t.Context(), backend.Task{Type: "sample_task", Label: "m", Params: []byte(`{}`)})
+	want := `unknown task type "sample_task"; the triton backend runs infer and embed_texts`
+	if err == nil || err.Error() != want {
+		t.Fatalf("Run = %v, want %q", err, want)
+	}
+	_, err = x.b.Run(t.Context(), backend.Task{Type: triton.TaskInfer, Label: "m", Params: []byte(`{"inputs":[{}],"parameters":{"binary_data_output":true}}`)})
+	if err == nil || !strings.Contains(err.Error(), "binary_data") {
+		t.Fatalf("binary infer = %v, want a refusal", err)
+	}
+}
+
+func TestConcurrentLoadsShareOneRequest(t *testing.T) {
+	t.Parallel()
+	x := setup(t, fake.Config{Models: []string{"m"}}, nil)
+	events := x.fake.Subscribe()
+	release := x.fake.HoldLoads("m")
+	errs := make(chan error, 5)
+	for range 5 {
+		go func() { errs <- x.b.Load(t.Context(), "m") }()
+	}
+	await(t, events, "load_start m")
+	// A caller that gives up does not abort the load the others wait for.
+	ctx, cancel := context.WithCancel(t.Context())
+	quit := make(chan error, 1)
+	go func() { quit <- x.b.Load(ctx, "m") }()
+	cancel()
+	if err := errorOf(t, quit); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled Load = %v", err)
+	}
+	release()
+	for range 5 {
+		if err := errorOf(t, errs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, c := x.fake.LoadRequests("m"), x.fake.MaxConcurrentLoads("m"); n != 1 || c != 1 {
+		t.Fatalf("%d load requests, %d at once; want 1 and 1", n, c)
+	}
+}
+
+func TestUnloadWaitsForUnloadingToEnd(t *testing.T) {
+	t.Parallel()
+	x := setup(t, fake.Config{Models: []string{"a", "b"}, Preload: []string{"a"}}, nil)
+	events := x.fake.Subscribe()
+	release := x.fake.HoldUnloads("a")
+	done := make(chan error, 1)
+	go func() { done <- x.b.Unload(t.Context(), "a") }()
+	await(t, events, "unload_start a")
+	// The backend reads the index while a is UNLOADING, twice, and is still waiting.
+	await(t, events, "index_unloading a")
+	await(t, events, "index_unloading a")
+	select {
+	case err := <-done:
+		t.Fatalf("Unload returned %v while a was UNLOADING", err)
+	default:
+	}
+	// A load of a itself waits for the unload under way (one operation per model).
+	loaded := make(chan error, 1)
+	go func() { loaded <- x.b.Load(t.Context(), "a") }()
+	release()
+	if err := errorOf(t, done); err != nil {
+		t.Fatal(err)
+	}
+	if err := errorOf(t, loaded); err != nil {
+		t.Fatal(err)
+	}
+	evs := x.fake.Events()
+	if i, j := slices.Index(evs, "unloaded a"), slices.Index(evs, "load_start a"); i < 0 || j < i {
+		t.Fatalf("events %q: the load started before the unload ended", evs)
+	}
+	if w := x.fake.LoadsWhileUnloading(); len(w) > 0 {
+		t.Fatalf("loads while unloading: %q", w)
+	}
+	// Unloading a model that is not loaded is a no-op.
+	if err := x.b.Unload(t.Context(), "b"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestUnloadTimesOut(t *testing.T) {
+	t.Parallel()
+	x := setup(t, fake.Config{Models: []string{"a"}, Preload: []string{"a"}}, func(c *triton.Config) {
+		c.UnloadTimeout = 20 * time.Millisecond
+	})
+	defer x.fake.HoldUnloads("a")()
+	err := x.b.Unload(t.Context(), "a")
+	if err == nil || !strings.Contains(err.Error(), "still UNLOADING") {
+		t.Fatalf("Unload = %v, want a timeout saying the model is still UNLOADING", err)
+	}
+}
+
+func TestLoadFailuresCarryTritonsMessage(t *testing.T) {
+	t.Parallel()
+	for _, old := range []bool{false, true} {
+		t.Run(map[bool]string{false: "current", true: "old-server"}[old], func(t *testing.T) {
+			t.Parallel()
+			x := setup(t, fake.Config{Models: []string{"bad", "good"}, OldErrors: old}, nil)
+			x.fake.FailLoads("bad", "CUDA out of memory")
+			code := func(current int) int {
+				if old {
+					return 400
+				}
+				return current
+			}
+			var te *triton.Error
+			err := x.b.Load(t.Context(), "bad")
+			if !errors.As(err, &te) || te.StatusCode != 400 ||
+				!strings.Contains(err.Error(), "load failed for model 'bad'") || !strings.Contains(err.Error(), "CUDA out of memory") {
+				t.Errorf("failed load = %v", err)
+			}
+			err = x.b.Load(t.Context(), "missing")
+			if !errors.As(err, &te) || te.StatusCode != code(500) || !strings.Contains(err.Error(), "failed to poll from model repository") {
+				t.Errorf("load of a missing folder = %v", err)
+			}
+			_, err = x.b.Run(t.Context(), backend.Task{Type: triton.TaskInfer, Label: "good", Params: []byte(`{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1]}]}`)})
+			if !errors.As(err, &te) || te.StatusCode != code(404) || !strings.Contains(err.Error(), "unknown model: 'good'") {
+				t.Errorf("infer on an unloaded model = %v", err)
+			}
+			if err := x.b.Load(t.Context(), "good"); err != nil {
+				t.Fatal(err)
+			}
+			_, err = x.b.Run(t.Context(), backend.Task{Type: triton.TaskInfer, Label: "good", Params: []byte(`{"inputs":[{"name":"x","shape":[2],"datatype":"FP32","data":[1]}]}`)})
+			if !errors.As(err, &te) || te.StatusCode != 400 || !strings.Contains(err.Error(), "unexpected number of elements") {
+				t.Errorf("bad infer = %v", err)
+			}
+		})
+	}
+}
+
+func TestNotExplicitMode(t *testing.T) {
+	t.Parallel()
+	x := setup(t, fake.Config{Models: []string{"a"}, NotExplicit: true}, nil)
+	var te *triton.Error
+	if err := x.b.Load(t.Context(), "a"); !errors.As(err, &te) || te.StatusCode != 503 || !strings.Contains(err.Error(), "explicit model load") {
+		t.Fatalf("Load = %v, want Triton's 503", err)
+	}
+}
+
+func TestLoadTimeoutUnloadsAgain(t *testing.T) {
+	t.Parallel()
+	x := setup(t, fake.Config{Models: []string{"big"}}, func(c *triton.Config) { c.LoadTimeout = 20 * time.Millisecond })
+	events := x.fake.Subscribe()
+	release := x.fake.HoldLoads("big")
+	done := make(chan error, 1)
+	go func() { done <- x.b.Load(t.Context(), "big") }()
+	// The client gave up; Triton goes on loading, so the backend unloads it again.
+	await(t, events, "unload_requested big")
+	release()
+	err := errorOf(t, done)
+	if err == nil || !strings.Contains(err.Error(), "no answer within 20ms") {
+		t.Fatalf("Load = %v, want a timeout", err)
+	}
+	if got := x.fake.State("big"); got != fake.StateUnavailable {
+		t.Fatalf("state %q after a timed-out load, want UNAVAILABLE", got)
+	}
+}
+
+func TestHealthFollowsLiveness(t *testing.T) {
+	t.Parallel()
+	x := setup(t, fake.Config{Models: []string{"a"}}, nil)
+	if err := x.b.Health(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	x.fake.SetLive(false)
+	if err := x.b.Health(t.Context()); err == nil || !strings.Contains(err.Error(), "triton is not live") {
+		t.Fatalf("Health = %v while not live", err)
+	}
+	x.fake.SetLive(true)
+	x.fake.SetDown(true)
+	if err := x.b.Health(t.Context()); err == nil || !strings.Contains(err.Error(), "triton is not live") {
+		t.Fatalf("Health = %v while down", err)
+	}
+	x.fake.SetDown(false)
+	if err := x.b.Health(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	// Liveness, not readiness: a model loading does not make Triton unhealthy.
+	events := x.fake.Subscribe()
+	release := x.fake.HoldLoads("a")
+	done := make(chan error, 1)
+	go func() { done <- x.b.Load(t.Context(), "a") }()
+	await(t, events, "load_start a")
+	if err := x.b.Health(t.Context()); err != nil {
+		t.Fatalf("Health = %v while a model loads", err)
+	}
+	release()
+	if err := errorOf(t, done); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestWaitStarted(t *testing.T) {
+	t.Parallel()
+	x := setup(t, fake.Config{}, func(c *triton.Config) { c.StartTimeout = time.Hour })
+	x.fake.SetLive(false)
+	done := make(chan error, 1)
+	go func() { done <- x.b.WaitStarted(t.Context()) }()
+	x.fake.SetLive(true)
+	if err := errorOf(t, done); err != nil {
+		t.Fatal(err)
+	}
+
+	y := setup(t, fake.Config{}, func(c *triton.Config) { c.StartTimeout = 20 * time.Millisecond })
+	y.fake.SetDown(true)
+	if err := y.b.WaitStarted(t.Context()); err == nil || !strings.Contains(err.Error(), "not live within 20ms") {
+		t.Fatalf("WaitStarted = %v, want a timeout", err)
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		field string
+		cfg   triton.Config
+	}{
+		{"URL", triton.Config{URL: "ws://x"}},
+		{"URL", triton.Config{URL: "http://"}},
+		{"LoadTimeout", triton.Config{LoadTimeout: -time.Second}},
+		{"UnloadTimeout", triton.Config{UnloadTimeout: -time.Second}},
+	} {
+		if _, err := triton.New(tc.cfg); err == nil || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("New(%+v) = %v, want an error naming %s", tc.cfg, err, tc.field)
+		}
+	}
+	c := triton.Config{}.WithDefaults()
+	if c.URL != "http://127.0.0.1:8000" || c.LoadTimeout != 10*time.Minute || c.TextInput != "TEXT" || c.EmbeddingOutput != "sentence_embedding" {
+		t.Errorf("defaults %+v", c)
+	}
+}
+
+func TestRunReloadsAModelTritonLost(t *testing.T) {
+	t.Parallel()
+	x := setup(t, fake.Config{Models: []string{"m"}}, nil)
+	if err := x.b.Load(t.Context(), "m"); err != nil {
+		t.Fatal(err)
+	}
+	// Someone unloads m behind the backend's back (or Triton restarted empty).
+	events := x.fake.Subscribe()
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, x.srv.URL+"/v2/repository/models/m/unload", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	await(t, events, "unloaded m")
+	params := []byte(`{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1]}]}`)
+	if _, err := x.b.Run(t.Context(), backend.Task{Type: triton.TaskInfer, Label: "m", Params: params}); err != nil {
+		t.Fatalf("Run after Triton lost the model = %v, want it loaded again", err)
+	}
+	if n := x.fake.Loads("m"); n != 2 {
+		t.Fatalf("m loaded %d times, want 2", n)
+	}
+	// A model this backend never loaded is not loaded behind the agent's back.
+	if _, err := x.b.Run(t.Context(), backend.Task{Type: triton.TaskInfer, Label: "other", Params: params}); err == nil {
+		t.Fatal("Run on a model never loaded succeeded")
+	}
+}

@@ -1,0 +1,212 @@
+package logship
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+	"github.com/gorilla/websocket"
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/smartroute/smartroute/proto/smartroutev1"
+)
+
+// errFlushed ends a session after Close once everything was acknowledged.
+var errFlushed = errors.New("flushed")
+
+// run is the shipping goroutine: it keeps a session to the collector up until Close
+// has flushed everything or CloseTimeout passed.
+func (s *Shipper) run() {
+	defer close(s.done)
+	bo := &backoff.ExponentialBackOff{
+		InitialInterval:     s.cfg.ReconnectMin,
+		RandomizationFactor: 0.5,
+		Multiplier:          2,
+		MaxInterval:         s.cfg.ReconnectMax,
+	}
+	bo.Reset()
+	for {
+		if s.flushed() || s.hardStop.Err() != nil {
+			return
+		}
+		welcomed, err := s.session()
+		if errors.Is(err, errFlushed) || s.hardStop.Err() != nil {
+			return
+		}
+		if welcomed {
+			bo.Reset() // the collector was there: the next try is prompt
+		}
+		wait := bo.NextBackOff()
+		s.log.Info().Err(err).Str("collector_url", s.url).Float64("retry_in_ms", float64(wait)/1e6).
+			Msg("log stream down, reconnecting after backoff")
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-s.hardStop.Done():
+		}
+		t.Stop()
+	}
+}
+
+// session dials the collector, says hello, resends the unacknowledged batches and
+// streams new ones until the connection fails or Close has flushed everything
+// (errFlushed). welcomed says whether the collector accepted the hello.
+func (s *Shipper) session() (welcomed bool, err error) {
+	dctx, cancel := context.WithTimeout(s.hardStop, s.cfg.HandshakeTimeout)
+	conn, resp, err := s.dialer.DialContext(dctx, s.url, http.Header{"Worker-Id": []string{s.cfg.WorkerID}})
+	cancel()
+	if err != nil {
+		return false, dialError(resp, err)
+	}
+	defer conn.Close()
+	// Past CloseTimeout any read or write in progress ends at once.
+	stop := context.AfterFunc(s.hardStop, func() { _ = conn.Close() })
+	defer stop()
+	conn.SetReadLimit(maxAckFrame)
+
+	hello := &pb.LogEnvelope{Body: &pb.LogEnvelope_Hello{Hello: &pb.LogHello{
+		ProtocolVersion: pb.LogProtocolVersion_LOG_PROTOCOL_VERSION_CURRENT,
+		WorkerId:        s.cfg.WorkerID,
+		StreamId:        s.streamID,
+		Agent:           s.cfg.Agent,
+	}}}
+	b, _ := proto.Marshal(hello)
+	if err := s.writeFrame(conn, b); err != nil {
+		return false, fmt.Errorf("send hello: %w", err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
+	env, err := readEnvelope(conn)
+	if err != nil {
+		return false, fmt.Errorf("await welcome: %w", err)
+	}
+	w := env.GetWelcome()
+	if w == nil {
+		return false, fmt.Errorf("await welcome: got %T", env.GetBody())
+	}
+	if v := w.GetProtocolVersion(); v != pb.LogProtocolVersion_LOG_PROTOCOL_VERSION_CURRENT {
+		return false, fmt.Errorf("collector speaks log protocol version %d, this agent %d", v, pb.LogProtocolVersion_LOG_PROTOCOL_VERSION_CURRENT)
+	}
+	s.acked(w.GetLastSeq())
+	s.mu.Lock()
+	s.stats.Connects++
+	s.mu.Unlock()
+	s.log.Info().Str("collector_url", s.url).Uint64("last_seq", w.GetLastSeq()).Msg("log stream connected")
+
+	extend := func() { _ = conn.SetReadDeadline(time.Now().Add(s.cfg.ReadTimeout)) }
+	extend()
+	conn.SetPingHandler(func(data string) error {
+		extend()
+		err := conn.WriteControl(websocket.PongMessage, []byte(data), time.Now().Add(s.cfg.WriteTimeout))
+		if errors.Is(err, websocket.ErrCloseSent) {
+			return nil
+		}
+		return err
+	})
+	conn.SetPongHandler(func(string) error { extend(); return nil })
+	readErr := make(chan error, 1)
+	go func() { readErr <- s.readAcks(conn, extend) }()
+	defer func() {
+		_ = conn.Close()
+		<-readErr // the reader has stopped touching s
+	}()
+
+	ping := time.NewTicker(s.cfg.PingInterval)
+	defer ping.Stop()
+	closing := s.closing
+	var lastSent uint64 // every unacknowledged batch is resent on a new connection
+	for {
+		for {
+			b, err := s.nextToSend(lastSent)
+			if err != nil {
+				return true, err
+			}
+			if b == nil {
+				break
+			}
+			if err := s.writeFrame(conn, b.frame); err != nil {
+				return true, fmt.Errorf("send batch %d: %w", b.seq, err)
+			}
+			lastSent = b.seq
+			s.mu.Lock()
+			s.stats.Sends++
+			s.mu.Unlock()
+		}
+		if s.flushed() {
+			msg := websocket.FormatCloseMessage(websocket.CloseNormalClosure, "agent stopping")
+			_ = conn.WriteControl(websocket.CloseMessage, msg, time.Now().Add(s.cfg.WriteTimeout))
+			return true, errFlushed
+		}
+		select {
+		case <-s.wake:
+		case <-closing:
+			closing = nil // checked by flushed from now on
+		case err := <-readErr:
+			readErr <- err // for the deferred wait
+			return true, err
+		case <-ping.C:
+			if err := conn.WriteControl(websocket.PingMessage, nil, time.Now().Add(s.cfg.WriteTimeout)); err != nil {
+				return true, fmt.Errorf("ping: %w", err)
+			}
+		case <-s.hardStop.Done():
+			return true, s.hardStop.Err()
+		}
+	}
+}
+
+func (s *Shipper) writeFrame(conn *websocket.Conn, b []byte) error {
+	if err := conn.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout)); err != nil {
+		return err
+	}
+	return conn.WriteMessage(websocket.BinaryMessage, b)
+}
+
+// readAcks is the session's only reader after the welcome.
+func (s *Shipper) readAcks(conn *websocket.Conn, extend func()) error {
+	for {
+		env, err := readEnvelope(conn)
+		if err != nil {
+			return err
+		}
+		extend()
+		if a := env.GetAck(); a != nil {
+			s.acked(a.GetSeq())
+		}
+		// Other bodies (from a newer collector) are ignored.
+	}
+}
+
+func readEnvelope(conn *websocket.Conn) (*pb.LogEnvelope, error) {
+	kind, data, err := conn.ReadMessage()
+	if err != nil {
+		var ce *websocket.CloseError
+		if errors.As(err, &ce) {
+			return nil, fmt.Errorf("collector closed the stream: code %d: %s", ce.Code, ce.Text)
+		}
+		return nil, err
+	}
+	if kind != websocket.BinaryMessage {
+		return nil, fmt.Errorf("websocket message type %d from the collector, want binary", kind)
+	}
+	env := new(pb.LogEnvelope)
+	if err := (proto.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(data, env); err != nil {
+		return nil, fmt.Errorf("bad frame from the collector: %w", err)
+	}
+	return env, nil
+}
+
+func dialError(resp *http.Response, err error) error {
+	if resp == nil {
+		return fmt.Errorf("dial: %w", err)
+	}
+	var body []byte
+	if resp.Body != nil {
+		body, _ = io.ReadAll(io.LimitReader(resp.Body, 512))
+		_ = resp.Body.Close()
+	}
+	return fmt.Errorf("dial: upgrade refused with HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(body)))
+}
