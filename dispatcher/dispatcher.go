@@ -264,7 +264,7 @@ func (d *Dispatcher) shutdown(srv *http.Server) error {
 	closeBy := time.After(time.Second) // one bound for all close frames
 	for _, wc := range conns {
 		select {
-		case <-wc.written:
+		case <-wc.done():
 		case <-closeBy:
 		}
 	}

@@ -46,7 +46,7 @@ func setup(t *testing.T, cfg Config) *bundle {
 	t.Cleanup(func() {
 		d.hub.beginShutdown()
 		for _, wc := range d.hub.closeWorkers(&Disconnect{Code: pb.CloseCode_CLOSE_CODE_SHUTDOWN, Reason: "test over"}) {
-			<-wc.written
+			<-wc.done()
 		}
 		srv.CloseClientConnections()
 		srv.Close()

@@ -71,7 +71,7 @@ func BenchmarkRunTaskRoundTrip(b *testing.B) {
 	b.StopTimer()
 	d.hub.beginShutdown()
 	for _, wc := range d.hub.closeWorkers(&Disconnect{Code: pb.CloseCode_CLOSE_CODE_SHUTDOWN, Reason: "done"}) {
-		<-wc.written
+		<-wc.done()
 	}
 }
 

@@ -34,23 +34,65 @@ type workerConn struct {
 	ws          *websocket.Conn
 	log         zerolog.Logger
 
-	// queue carries encoded frames to the writer. Writers: hub (under hub.mu) and
-	// serveWorker before registration. Reader: the writer goroutine.
-	queue chan []byte
+	// pending holds encoded frames for the writer, bounded by maxQueued. It is a slice
+	// rather than a buffered channel so that an idle worker costs no queue memory
+	// (a 1024-slot channel alone is 24 KiB per connection). Appended by the hub (under
+	// hub.mu) and by serveWorker before registration; taken by the writer goroutine,
+	// which wake (one slot) rouses.
+	pendingMu sync.Mutex
+	pending   [][]byte
+	maxQueued int
+	wake      chan struct{}
 
 	closeOnce sync.Once
 	closing   chan struct{} // closed by close; the writer then sends the close frame
 	reason    *Disconnect   // set once, before closing is closed
 	written   chan struct{} // closed when the writer goroutine has ended
+	read      chan struct{} // closed when the reader goroutine has ended
+}
+
+// done is closed once both of the connection's goroutines have ended.
+func (wc *workerConn) done() <-chan struct{} {
+	ch := make(chan struct{})
+	go func() { <-wc.written; <-wc.read; close(ch) }()
+	return ch
 }
 
 // send queues a frame without blocking. A worker whose queue is full is too slow to
 // keep up and is disconnected: the scheduler must never wait on a socket.
 func (wc *workerConn) send(b []byte) {
+	wc.pendingMu.Lock()
+	full := len(wc.pending) >= wc.maxQueued
+	if !full {
+		wc.pending = append(wc.pending, b)
+	}
+	wc.pendingMu.Unlock()
+	if full {
+		wc.close(&Disconnect{Code: pb.CloseCode_CLOSE_CODE_SLOW_WORKER, Reason: fmt.Sprintf("send queue full (%d frames)", wc.maxQueued)})
+		return
+	}
 	select {
-	case wc.queue <- b:
+	case wc.wake <- struct{}{}:
+	default: // the writer is already due to look
+	}
+}
+
+// takePending hands the writer everything queued, leaving an idle connection with no
+// queue memory once a burst is over.
+func (wc *workerConn) takePending() [][]byte {
+	wc.pendingMu.Lock()
+	defer wc.pendingMu.Unlock()
+	batch := wc.pending
+	wc.pending = nil
+	return batch
+}
+
+func (wc *workerConn) isClosing() bool {
+	select {
+	case <-wc.closing:
+		return true
 	default:
-		wc.close(&Disconnect{Code: pb.CloseCode_CLOSE_CODE_SLOW_WORKER, Reason: fmt.Sprintf("send queue full (%d frames)", cap(wc.queue))})
+		return false
 	}
 }
 
@@ -64,6 +106,9 @@ func (wc *workerConn) close(d *Disconnect) {
 
 var upgrader = websocket.Upgrader{
 	HandshakeTimeout: 10 * time.Second,
+	// Frames stream through the read buffer; they need not fit in it. A small one keeps
+	// idle connections cheap (net/http's 4 KiB one would be reused otherwise).
+	ReadBufferSize: 1024,
 	// Idle workers hold no write buffer: frames borrow one from the pool while being
 	// written, which keeps thousands of idle connections cheap.
 	WriteBufferPool: &sync.Pool{},
@@ -91,9 +136,11 @@ func (d *Dispatcher) serveWorker(c echo.Context) error {
 		connectedAt: time.Now(),
 		ws:          ws,
 		log:         d.log.With().Str("worker_id", id).Logger(),
-		queue:       make(chan []byte, cfg.SendQueueFrames),
+		maxQueued:   cfg.SendQueueFrames,
+		wake:        make(chan struct{}, 1),
 		closing:     make(chan struct{}),
 		written:     make(chan struct{}),
+		read:        make(chan struct{}),
 	}
 	ws.SetReadLimit(cfg.MaxFrameBytes)
 
@@ -106,6 +153,7 @@ func (d *Dispatcher) serveWorker(c echo.Context) error {
 		wc.log.Warn().Err(err).Msg("worker refused at hello")
 		writeClose(ws, disc, cfg.WriteTimeout)
 		ws.Close()
+		close(wc.read)
 		return nil
 	}
 	wc.agent = hello.GetAgent()
@@ -113,7 +161,7 @@ func (d *Dispatcher) serveWorker(c echo.Context) error {
 	// The welcome is the first frame out, ahead of any assignment.
 	welcome, _ := frame.Encode(nil, &pb.Envelope{Body: &pb.Envelope_Welcome{Welcome: &pb.Welcome{
 		ProtocolVersion: frame.ProtocolVersion, DispatcherId: d.id}}})
-	wc.queue <- welcome
+	wc.send(welcome)
 	go wc.writeLoop(cfg)
 
 	if err := d.hub.addWorker(wc, hello); err != nil {
@@ -123,16 +171,23 @@ func (d *Dispatcher) serveWorker(c echo.Context) error {
 		}
 		wc.close(disc)
 		<-wc.written
+		close(wc.read)
 		return nil
 	}
 	wc.log.Info().Uint32("max_labels", hello.GetMaxLabels()).Uint32("slots", hello.GetSlots()).
 		Strs("labels", hello.GetHeldLabels()).Str("agent", wc.agent).Msg("worker connected")
 
-	reason := d.readLoop(wc)
-	d.hub.removeWorker(wc)
-	wc.close(reason)
-	<-wc.written
-	wc.log.Info().Str("reason", wc.reason.Reason).Str("code", wc.reason.Code.String()).Msg("worker disconnected")
+	// The reader gets a goroutine of its own and the HTTP handler returns: the
+	// handler's stack, grown through net/http and Echo, and its request state would
+	// otherwise stay pinned for the life of the connection.
+	go func() {
+		defer close(wc.read)
+		reason := d.readLoop(wc)
+		d.hub.removeWorker(wc)
+		wc.close(reason)
+		<-wc.written
+		wc.log.Info().Str("reason", wc.reason.Reason).Str("code", wc.reason.Code.String()).Msg("worker disconnected")
+	}()
 	return nil
 }
 
@@ -219,12 +274,17 @@ func (wc *workerConn) writeLoop(cfg Config) {
 		default:
 		}
 		select {
-		case b := <-wc.queue:
-			ws.SetWriteDeadline(time.Now().Add(cfg.WriteTimeout))
-			if err := ws.WriteMessage(websocket.BinaryMessage, b); err != nil {
-				wc.close(&Disconnect{Code: pb.CloseCode_CLOSE_CODE_UNSPECIFIED, Reason: "write: " + err.Error()})
-				ws.Close()
-				return
+		case <-wc.wake:
+			for _, b := range wc.takePending() {
+				if wc.isClosing() {
+					break // the close frame goes next; these tasks are requeued
+				}
+				ws.SetWriteDeadline(time.Now().Add(cfg.WriteTimeout))
+				if err := ws.WriteMessage(websocket.BinaryMessage, b); err != nil {
+					wc.close(&Disconnect{Code: pb.CloseCode_CLOSE_CODE_UNSPECIFIED, Reason: "write: " + err.Error()})
+					ws.Close()
+					return
+				}
 			}
 		case <-ping.C:
 			if err := ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(cfg.WriteTimeout)); err != nil {

@@ -11,6 +11,9 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net"
+	"net/http"
+	_ "net/http/pprof"
 	"os"
 	"os/signal"
 	"runtime/pprof"
@@ -37,6 +40,7 @@ func run() error {
 	random := fs.Bool("random-dispatch", false, "baseline: one common FIFO queue, any free worker")
 	policy := fs.String("policy", string(scheduler.PolicyAffinity), "routing policy: affinity or random")
 	cpuProf := fs.String("cpu-prof", "", "write a pprof CPU profile to this file on shutdown")
+	pprofAddr := fs.String("pprof-addr", "", "serve net/http/pprof on this address (off when empty; keep it private)")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	taskTimeout := fs.Duration("task-timeout", 5*time.Minute, "deadline of a task that sets no timeout_ms")
 	shutdownTimeout := fs.Duration("shutdown-timeout", 30*time.Second, "how long shutdown waits for in-flight tasks")
@@ -83,6 +87,16 @@ func run() error {
 			return fmt.Errorf("--cpu-prof: %w", err)
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if *pprofAddr != "" {
+		// A separate listener, so profiling is never exposed on the task API's address.
+		ln, err := net.Listen("tcp", *pprofAddr)
+		if err != nil {
+			return fmt.Errorf("--pprof-addr: %w", err)
+		}
+		defer ln.Close()
+		go http.Serve(ln, http.DefaultServeMux) // net/http/pprof registers on the default mux
+		log.Info().Str("addr", ln.Addr().String()).Msg("pprof listening")
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
