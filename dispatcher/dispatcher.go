@@ -65,7 +65,7 @@ func New(cfg Config) (*Dispatcher, error) {
 }
 
 // Handler is the dispatcher's HTTP handler, for tests and embedding. Deadlines of
-// queued tasks are enforced only while Run or RunExpiry is running.
+// queued tasks and worker pings run only while Run or RunBackground is running.
 func (d *Dispatcher) Handler() http.Handler { return d.echo }
 
 func (d *Dispatcher) routes() *echo.Echo {
@@ -195,19 +195,27 @@ func (d *Dispatcher) uploadModel(c echo.Context) error {
 	return c.Blob(resp.StatusCode, ct, out)
 }
 
-// RunExpiry fails queued tasks whose deadline passes, until ctx ends. Run starts it;
-// tests that serve Handler themselves start it too.
-func (d *Dispatcher) RunExpiry(ctx context.Context) {
+// RunBackground does the dispatcher's periodic work until ctx ends: it fails queued
+// tasks whose deadline passed, rebalances waiting tasks, and pings every worker. Run
+// starts it; a program that serves Handler itself must start it too.
+func (d *Dispatcher) RunBackground(ctx context.Context) {
 	// Deadlines are checked on a short tick rather than with a timer per task: the
 	// heap makes a check cheap, and 20ms is well inside any useful deadline.
 	t := time.NewTicker(20 * time.Millisecond)
 	defer t.Stop()
+	// One pinger for all workers instead of a ticker and a goroutine per connection.
+	ping := time.NewTicker(d.cfg.PingInterval)
+	defer ping.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 			d.hub.tick()
+		case <-ping.C:
+			for _, wc := range d.hub.connections() {
+				wc.ping()
+			}
 		}
 	}
 }
@@ -224,7 +232,7 @@ func (d *Dispatcher) Run(ctx context.Context, ready chan<- net.Addr) error {
 	srv := &http.Server{Handler: d.echo, ReadHeaderTimeout: 10 * time.Second}
 	expiryCtx, stopExpiry := context.WithCancel(context.Background())
 	defer stopExpiry()
-	go d.RunExpiry(expiryCtx)
+	go d.RunBackground(expiryCtx)
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()

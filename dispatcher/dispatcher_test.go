@@ -42,7 +42,7 @@ func setup(t *testing.T, cfg Config) *bundle {
 	srv := httptest.NewServer(d.Handler())
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { d.RunExpiry(ctx); close(done) }()
+	go func() { d.RunBackground(ctx); close(done) }()
 	t.Cleanup(func() {
 		d.hub.beginShutdown()
 		for _, wc := range d.hub.closeWorkers(&Disconnect{Code: pb.CloseCode_CLOSE_CODE_SHUTDOWN, Reason: "test over"}) {

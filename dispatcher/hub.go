@@ -431,6 +431,17 @@ func (h *hub) failAll(reason string) int {
 	return n
 }
 
+// connections lists the connected workers' connections.
+func (h *hub) connections() []*workerConn {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	conns := make([]*workerConn, 0, len(h.workers))
+	for _, wc := range h.workers {
+		conns = append(conns, wc)
+	}
+	return conns
+}
+
 // closeWorkers disconnects every worker with a reason and returns their connections.
 func (h *hub) closeWorkers(d *Disconnect) []*workerConn {
 	h.mu.Lock()

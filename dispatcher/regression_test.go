@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorilla/websocket"
+
 	pb "github.com/smartroute/smartroute/proto/smartroutev1"
 )
 
@@ -103,5 +105,38 @@ func TestCeilMilli(t *testing.T) {
 		if got := ceilMilli(c.in); got != c.want {
 			t.Errorf("ceilMilli(%v) = %d, want %d", c.in, got, c.want)
 		}
+	}
+}
+
+// One pinger serves every worker: a worker that answers pings stays connected, and
+// one that stops reading (no pongs) is dropped once its read deadline passes.
+func TestPingsFromTheSharedPinger(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{PingInterval: 20 * time.Millisecond})
+	alive := b.dial("alive", "m")
+	pings := make(chan struct{}, 16)
+	alive.ws.SetPingHandler(func(data string) error {
+		select {
+		case pings <- struct{}{}:
+		default:
+		}
+		return alive.ws.WriteControl(websocket.PongMessage, []byte(data), time.Now().Add(time.Second))
+	})
+	go func() { // gorilla answers pings only while the worker reads
+		for {
+			if _, _, err := alive.ws.ReadMessage(); err != nil {
+				return
+			}
+		}
+	}()
+	b.dial("silent", "m") // never reads again: no pongs
+	for i := 0; i < 3; i++ {
+		<-pings
+	}
+	for contains(b.workers(), "silent") {
+		time.Sleep(time.Millisecond) // polling an observable state; bounded by the test timeout
+	}
+	if !contains(b.workers(), "alive") {
+		t.Fatal("the worker answering pings was dropped")
 	}
 }

@@ -24,30 +24,36 @@ type Disconnect struct {
 
 func (d *Disconnect) Error() string { return fmt.Sprintf("%s: %s", d.Code, d.Reason) }
 
-// workerConn is one worker's WebSocket. The reader goroutine (serveWorker) owns reads
-// and the writer goroutine owns writes; other goroutines talk to it only through
-// send and close, which never block.
+// workerConn is one worker's WebSocket. The reader goroutine owns reads. Frames are
+// written by a flusher goroutine that exists only while frames are pending, so an
+// idle connection costs one goroutine, not two; pings (from the dispatcher's single
+// pinger) and the close frame use WriteControl, which gorilla allows beside a
+// writer. Other goroutines talk to a connection only through send, ping and close,
+// which never block.
 type workerConn struct {
 	id          string
 	agent       string
 	connectedAt time.Time
 	ws          *websocket.Conn
-	log         zerolog.Logger
+	// log is the dispatcher's logger; records add worker_id themselves, because a
+	// child logger per connection would hold a few hundred bytes for its lifetime.
+	log zerolog.Logger
 
-	// pending holds encoded frames for the writer, bounded by maxQueued. It is a slice
+	// pending holds encoded frames for the flusher, bounded by maxQueued. It is a slice
 	// rather than a buffered channel so that an idle worker costs no queue memory
 	// (a 1024-slot channel alone is 24 KiB per connection). Appended by the hub (under
-	// hub.mu) and by serveWorker before registration; taken by the writer goroutine,
-	// which wake (one slot) rouses.
-	pendingMu sync.Mutex
-	pending   [][]byte
-	maxQueued int
-	wake      chan struct{}
+	// hub.mu) and by serveWorker before registration; taken by the flusher. flushing
+	// says a flusher runs; only one ever does, which makes it the only writer.
+	pendingMu    sync.Mutex
+	pending      [][]byte
+	flushing     bool
+	maxQueued    int
+	writeTimeout time.Duration
 
 	closeOnce sync.Once
-	closing   chan struct{} // closed by close; the writer then sends the close frame
+	closing   chan struct{} // closed by close
 	reason    *Disconnect   // set once, before closing is closed
-	written   chan struct{} // closed when the writer goroutine has ended
+	written   chan struct{} // closed once the close frame is out and the socket closed
 	read      chan struct{} // closed when the reader goroutine has ended
 }
 
@@ -63,28 +69,56 @@ func (wc *workerConn) done() <-chan struct{} {
 func (wc *workerConn) send(b []byte) {
 	wc.pendingMu.Lock()
 	full := len(wc.pending) >= wc.maxQueued
+	start := false
 	if !full {
 		wc.pending = append(wc.pending, b)
+		start = !wc.flushing
+		wc.flushing = true
 	}
 	wc.pendingMu.Unlock()
 	if full {
 		wc.close(&Disconnect{Code: pb.CloseCode_CLOSE_CODE_SLOW_WORKER, Reason: fmt.Sprintf("send queue full (%d frames)", wc.maxQueued)})
 		return
 	}
-	select {
-	case wc.wake <- struct{}{}:
-	default: // the writer is already due to look
+	if start {
+		go wc.flush()
 	}
 }
 
-// takePending hands the writer everything queued, leaving an idle connection with no
-// queue memory once a burst is over.
-func (wc *workerConn) takePending() [][]byte {
-	wc.pendingMu.Lock()
-	defer wc.pendingMu.Unlock()
-	batch := wc.pending
-	wc.pending = nil
-	return batch
+// flush writes pending frames until none are left, then ends: the only goroutine that
+// calls WriteMessage. It leaves an idle connection with no queue memory.
+func (wc *workerConn) flush() {
+	for {
+		wc.pendingMu.Lock()
+		batch := wc.pending
+		wc.pending = nil
+		if len(batch) == 0 || wc.isClosing() {
+			wc.flushing = false
+			wc.pendingMu.Unlock()
+			return
+		}
+		wc.pendingMu.Unlock()
+		for _, b := range batch {
+			if wc.isClosing() {
+				break // a closing connection sends nothing more: its tasks are requeued
+			}
+			wc.ws.SetWriteDeadline(time.Now().Add(wc.writeTimeout))
+			if err := wc.ws.WriteMessage(websocket.BinaryMessage, b); err != nil {
+				wc.close(&Disconnect{Code: pb.CloseCode_CLOSE_CODE_UNSPECIFIED, Reason: "write: " + err.Error()})
+				break
+			}
+		}
+	}
+}
+
+// ping sends a WebSocket ping; the reader's deadline, which pongs extend, notices a
+// worker that stopped answering. A ping that cannot be written within a second means
+// the connection is congested; the next one will try again.
+func (wc *workerConn) ping() {
+	if wc.isClosing() {
+		return
+	}
+	_ = wc.ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(time.Second))
 }
 
 func (wc *workerConn) isClosing() bool {
@@ -101,6 +135,13 @@ func (wc *workerConn) close(d *Disconnect) {
 	wc.closeOnce.Do(func() {
 		wc.reason = d
 		close(wc.closing)
+		// The close frame may wait up to the write timeout: never on the caller (the
+		// hub calls close under its lock).
+		go func() {
+			writeClose(wc.ws, d, wc.writeTimeout)
+			wc.ws.Close() // also ends the reader's ReadMessage and a flusher's write
+			close(wc.written)
+		}()
 	})
 }
 
@@ -132,15 +173,15 @@ func (d *Dispatcher) serveWorker(c echo.Context) error {
 	}
 	cfg := d.cfg
 	wc := &workerConn{
-		id:          id,
-		connectedAt: time.Now(),
-		ws:          ws,
-		log:         d.log.With().Str("worker_id", id).Logger(),
-		maxQueued:   cfg.SendQueueFrames,
-		wake:        make(chan struct{}, 1),
-		closing:     make(chan struct{}),
-		written:     make(chan struct{}),
-		read:        make(chan struct{}),
+		id:           id,
+		connectedAt:  time.Now(),
+		ws:           ws,
+		log:          d.log,
+		maxQueued:    cfg.SendQueueFrames,
+		writeTimeout: cfg.WriteTimeout,
+		closing:      make(chan struct{}),
+		written:      make(chan struct{}),
+		read:         make(chan struct{}),
 	}
 	ws.SetReadLimit(cfg.MaxFrameBytes)
 
@@ -150,7 +191,7 @@ func (d *Dispatcher) serveWorker(c echo.Context) error {
 		if !errors.As(err, &disc) {
 			disc = &Disconnect{Code: pb.CloseCode_CLOSE_CODE_BAD_FRAME, Reason: err.Error()}
 		}
-		wc.log.Warn().Err(err).Msg("worker refused at hello")
+		wc.log.Warn().Str("worker_id", id).Err(err).Msg("worker refused at hello")
 		writeClose(ws, disc, cfg.WriteTimeout)
 		ws.Close()
 		close(wc.read)
@@ -162,7 +203,6 @@ func (d *Dispatcher) serveWorker(c echo.Context) error {
 	welcome, _ := frame.Encode(nil, &pb.Envelope{Body: &pb.Envelope_Welcome{Welcome: &pb.Welcome{
 		ProtocolVersion: frame.ProtocolVersion, DispatcherId: d.id}}})
 	wc.send(welcome)
-	go wc.writeLoop(cfg)
 
 	if err := d.hub.addWorker(wc, hello); err != nil {
 		var disc *Disconnect
@@ -174,7 +214,7 @@ func (d *Dispatcher) serveWorker(c echo.Context) error {
 		close(wc.read)
 		return nil
 	}
-	wc.log.Info().Uint32("max_labels", hello.GetMaxLabels()).Uint32("slots", hello.GetSlots()).
+	wc.log.Info().Str("worker_id", id).Uint32("max_labels", hello.GetMaxLabels()).Uint32("slots", hello.GetSlots()).
 		Strs("labels", hello.GetHeldLabels()).Str("agent", wc.agent).Msg("worker connected")
 
 	// The reader gets a goroutine of its own and the HTTP handler returns: the
@@ -186,7 +226,7 @@ func (d *Dispatcher) serveWorker(c echo.Context) error {
 		d.hub.removeWorker(wc)
 		wc.close(reason)
 		<-wc.written
-		wc.log.Info().Str("reason", wc.reason.Reason).Str("code", wc.reason.Code.String()).Msg("worker disconnected")
+		wc.log.Info().Str("worker_id", wc.id).Str("reason", wc.reason.Reason).Str("code", wc.reason.Code.String()).Msg("worker disconnected")
 	}()
 	return nil
 }
@@ -254,49 +294,6 @@ func (d *Dispatcher) readLoop(wc *workerConn) *Disconnect {
 		case <-wc.closing:
 			return wc.reason
 		default:
-		}
-	}
-}
-
-// writeLoop is the connection's only writer: frames, pings, then the close frame.
-func (wc *workerConn) writeLoop(cfg Config) {
-	defer close(wc.written)
-	ws := wc.ws
-	ping := time.NewTicker(cfg.PingInterval)
-	defer ping.Stop()
-	for {
-		// A closing connection sends nothing more: its assignments are requeued.
-		select {
-		case <-wc.closing:
-			writeClose(ws, wc.reason, cfg.WriteTimeout)
-			ws.Close()
-			return
-		default:
-		}
-		select {
-		case <-wc.wake:
-			for _, b := range wc.takePending() {
-				if wc.isClosing() {
-					break // the close frame goes next; these tasks are requeued
-				}
-				ws.SetWriteDeadline(time.Now().Add(cfg.WriteTimeout))
-				if err := ws.WriteMessage(websocket.BinaryMessage, b); err != nil {
-					wc.close(&Disconnect{Code: pb.CloseCode_CLOSE_CODE_UNSPECIFIED, Reason: "write: " + err.Error()})
-					ws.Close()
-					return
-				}
-			}
-		case <-ping.C:
-			if err := ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(cfg.WriteTimeout)); err != nil {
-				wc.close(&Disconnect{Code: pb.CloseCode_CLOSE_CODE_UNSPECIFIED, Reason: "ping: " + err.Error()})
-				ws.Close()
-				return
-			}
-		case <-wc.closing:
-			writeClose(ws, wc.reason, cfg.WriteTimeout)
-			// Closing the socket also ends the reader's ReadMessage.
-			ws.Close()
-			return
 		}
 	}
 }
