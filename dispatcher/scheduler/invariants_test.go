@@ -62,7 +62,7 @@ func check(t *testing.T, s *Scheduler) {
 	}
 	queued := map[string]int{}
 	n := 0
-	for q := s.queue.head; q != nil; q = q.next {
+	for q := s.queue.head; q != nil; q = q.global.next {
 		n++
 		queued[q.Label]++
 		if q.state != stateQueued {
@@ -83,7 +83,7 @@ func check(t *testing.T, s *Scheduler) {
 			t.Fatalf("label %s should have been forgotten", name)
 		}
 		m := 0
-		for q := ls.queue.head; q != nil; q = q.labelNext {
+		for q := ls.queue.head; q != nil; q = q.byLabel.next {
 			m++
 		}
 		if m != ls.queued {

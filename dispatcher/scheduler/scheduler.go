@@ -190,6 +190,7 @@ func New(cfg Config, clock Clock) (*Scheduler, error) {
 		rng:     rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
 		workers: make(map[string]*worker),
 		labels:  make(map[string]*labelState),
+		queue:   taskList{on: globalLinks},
 	}, nil
 }
 
@@ -865,7 +866,7 @@ func (s *Scheduler) pick(w *worker) *Task {
 	// Else the oldest label backlog better served by loading here than by waiting:
 	// nobody can serve it, loading beats the expected wait, or it has waited too long.
 	n := 0
-	for t := head; t != nil && n < passOverScan; t, n = t.next, n+1 {
+	for t := head; t != nil && n < passOverScan; t, n = t.global.next, n+1 {
 		ls := s.labels[t.Label]
 		if ls.queue.head != t || !s.canTake(w, t) {
 			continue
@@ -884,10 +885,10 @@ func (s *Scheduler) enqueue(t *Task, front bool) {
 	t.state = stateQueued
 	if front {
 		s.queue.pushFront(t)
-		ls.queue.pushFrontLabel(t)
+		ls.queue.pushFront(t)
 	} else {
 		s.queue.pushBack(t)
-		ls.queue.pushBackLabel(t)
+		ls.queue.pushBack(t)
 	}
 	s.queued++
 	ls.queued++
@@ -900,7 +901,7 @@ func (s *Scheduler) enqueue(t *Task, front bool) {
 func (s *Scheduler) unqueue(t *Task) {
 	ls := s.labels[t.Label]
 	s.queue.remove(t)
-	ls.queue.removeLabel(t)
+	ls.queue.remove(t)
 	s.queued--
 	ls.queued--
 	if t.heapIdx >= 0 {
@@ -918,7 +919,7 @@ func (s *Scheduler) label(name string) *labelState {
 			ls = s.spareLabels[n-1]
 			s.spareLabels = s.spareLabels[:n-1]
 		} else {
-			ls = &labelState{}
+			ls = &labelState{queue: taskList{on: labelLinks}}
 		}
 		s.labels[name] = ls
 	}
@@ -931,7 +932,8 @@ func (s *Scheduler) label(name string) *labelState {
 func (s *Scheduler) maybeForget(name string, ls *labelState) {
 	if ls.holders == 0 && ls.queued == 0 {
 		delete(s.labels, name)
-		*ls = labelState{idle: workerSet{items: ls.idle.items[:0]}, all: workerSet{items: ls.all.items[:0]}}
+		*ls = labelState{idle: workerSet{items: ls.idle.items[:0]}, all: workerSet{items: ls.all.items[:0]},
+			queue: taskList{on: labelLinks}}
 		s.spareLabels = append(s.spareLabels, ls)
 	}
 }

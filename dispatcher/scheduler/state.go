@@ -30,9 +30,8 @@ type Task struct {
 	seq    uint64
 	worker *worker
 	// Links in the global queue and in the label's queue.
-	prev, next           *Task
-	labelPrev, labelNext *Task
-	heapIdx              int
+	global, byLabel links
+	heapIdx         int
 }
 
 // Queued reports whether the task is waiting in the queue.
@@ -140,7 +139,7 @@ type labelState struct {
 	// idle holds the holders that have a free slot; all holds every holder.
 	idle   workerSet
 	all    workerSet
-	queue  labelList
+	queue  taskList // this label's FIFO, through byLabel links
 	queued int
 	est    estimate
 	// observed is true once est holds a measurement rather than the priors.
@@ -175,13 +174,24 @@ func (s *workerSet) remove(i int) {
 	s.items = s.items[:last]
 }
 
-// taskList is the global FIFO, linked through Task.prev/next.
-type taskList struct{ head, tail *Task }
+// links are a task's neighbours in one FIFO.
+type links struct{ prev, next *Task }
+
+// taskList is an intrusive FIFO of tasks. A task sits in two at once, the global
+// queue and its label's queue, through two sets of links; on picks which.
+type taskList struct {
+	head, tail *Task
+	on         func(*Task) *links
+}
+
+func globalLinks(t *Task) *links { return &t.global }
+func labelLinks(t *Task) *links  { return &t.byLabel }
 
 func (l *taskList) pushBack(t *Task) {
-	t.prev, t.next = l.tail, nil
+	lt := l.on(t)
+	lt.prev, lt.next = l.tail, nil
 	if l.tail != nil {
-		l.tail.next = t
+		l.on(l.tail).next = t
 	} else {
 		l.head = t
 	}
@@ -189,9 +199,10 @@ func (l *taskList) pushBack(t *Task) {
 }
 
 func (l *taskList) pushFront(t *Task) {
-	t.prev, t.next = nil, l.head
+	lt := l.on(t)
+	lt.prev, lt.next = nil, l.head
 	if l.head != nil {
-		l.head.prev = t
+		l.on(l.head).prev = t
 	} else {
 		l.tail = t
 	}
@@ -199,54 +210,18 @@ func (l *taskList) pushFront(t *Task) {
 }
 
 func (l *taskList) remove(t *Task) {
-	if t.prev != nil {
-		t.prev.next = t.next
+	lt := l.on(t)
+	if lt.prev != nil {
+		l.on(lt.prev).next = lt.next
 	} else {
-		l.head = t.next
+		l.head = lt.next
 	}
-	if t.next != nil {
-		t.next.prev = t.prev
+	if lt.next != nil {
+		l.on(lt.next).prev = lt.prev
 	} else {
-		l.tail = t.prev
+		l.tail = lt.prev
 	}
-	t.prev, t.next = nil, nil
-}
-
-// labelList is one label's FIFO, linked through Task.labelPrev/labelNext.
-type labelList struct{ head, tail *Task }
-
-func (l *labelList) pushBackLabel(t *Task) {
-	t.labelPrev, t.labelNext = l.tail, nil
-	if l.tail != nil {
-		l.tail.labelNext = t
-	} else {
-		l.head = t
-	}
-	l.tail = t
-}
-
-func (l *labelList) pushFrontLabel(t *Task) {
-	t.labelPrev, t.labelNext = nil, l.head
-	if l.head != nil {
-		l.head.labelPrev = t
-	} else {
-		l.tail = t
-	}
-	l.head = t
-}
-
-func (l *labelList) removeLabel(t *Task) {
-	if t.labelPrev != nil {
-		t.labelPrev.labelNext = t.labelNext
-	} else {
-		l.head = t.labelNext
-	}
-	if t.labelNext != nil {
-		t.labelNext.labelPrev = t.labelPrev
-	} else {
-		l.tail = t.labelPrev
-	}
-	t.labelPrev, t.labelNext = nil, nil
+	lt.prev, lt.next = nil, nil
 }
 
 // deadlineHeap orders queued tasks that have a deadline, earliest first.
