@@ -11,15 +11,16 @@ import (
 	"time"
 )
 
-// binaries are the two programs a run starts.
+// binaries are the programs a run starts.
 type binaries struct {
-	dispatcher, agent string
+	dispatcher, agent, collector string
 }
 
 // Packages built for a run, relative to the repository root.
 const (
 	dispatcherPkg = "./dispatcher/cmd/dispatcher"
 	agentPkg      = "./worker-agent/cmd/worker-agent"
+	collectorPkg  = "./log-collector/cmd/log-collector"
 )
 
 func exe(name string) string {
@@ -33,6 +34,7 @@ func binariesIn(dir string) binaries {
 	return binaries{
 		dispatcher: filepath.Join(dir, exe("dispatcher")),
 		agent:      filepath.Join(dir, exe("worker-agent")),
+		collector:  filepath.Join(dir, exe("log-collector")),
 	}
 }
 
@@ -61,7 +63,7 @@ func Build(ctx context.Context, repo, dir string) (binaries, error) {
 	if err != nil {
 		return binaries{}, fmt.Errorf("building needs the go tool on PATH (or pass --bin-dir): %w", err)
 	}
-	cmd := exec.CommandContext(ctx, goTool, "build", "-o", dir+string(filepath.Separator), dispatcherPkg, agentPkg)
+	cmd := exec.CommandContext(ctx, goTool, "build", "-o", dir+string(filepath.Separator), dispatcherPkg, agentPkg, collectorPkg)
 	cmd.Dir = repo
 	// The go tool starts compilers; a cancelled build takes its whole group down.
 	cmd.SysProcAttr = sysProcAttr()
@@ -69,16 +71,16 @@ func Build(ctx context.Context, repo, dir string) (binaries, error) {
 	cmd.WaitDelay = 5 * time.Second
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return binaries{}, fmt.Errorf("go build %s %s in %s: %w\n%s", dispatcherPkg, agentPkg, repo, err, out)
+		return binaries{}, fmt.Errorf("go build %s %s %s in %s: %w\n%s", dispatcherPkg, agentPkg, collectorPkg, repo, err, out)
 	}
 	return binariesIn(dir), nil
 }
 
-// prebuilt checks that dir holds both binaries.
+// prebuilt checks that dir holds every binary.
 func prebuilt(dir string) (binaries, error) {
 	b := binariesIn(dir)
 	var errs []error
-	for _, p := range []string{b.dispatcher, b.agent} {
+	for _, p := range []string{b.dispatcher, b.agent, b.collector} {
 		fi, err := os.Stat(p)
 		switch {
 		case err != nil:

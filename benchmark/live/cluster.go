@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -23,9 +24,12 @@ type cluster struct {
 	baseURL    string // http://127.0.0.1:<port>
 	dispatcher *process
 	agents     []*process
-	stopGrace  time.Duration
-	stopOnce   sync.Once
-	stopErr    error
+	// collector receives the agents' logs; the summary is read from its files.
+	collector    *process
+	collectorDir string
+	stopGrace    time.Duration
+	stopOnce     sync.Once
+	stopErr      error
 }
 
 // clusterSpec is what startCluster needs; it is derived from a Config and a mode.
@@ -111,6 +115,24 @@ func startCluster(ctx context.Context, spec clusterSpec) (_ *cluster, err error)
 		}
 	}
 
+	// The log collector first: the agents stream their records to it from the start.
+	collectorAddr, err := freeLoopbackAddr()
+	if err != nil {
+		return c, err
+	}
+	c.collectorDir = filepath.Join(spec.dir, "collector")
+	c.collector, err = startProcess("log-collector", spec.bins.collector,
+		[]string{"--addr", collectorAddr, "--dir", c.collectorDir, "--log-level", "warn"}, env, spec.dir)
+	if err != nil {
+		return c, err
+	}
+	started(c.collector)
+	if err := waitUntil(ctx, cfg.ReadyTimeout, []*process{c.collector}, func(ctx context.Context) error {
+		return checkHealth(ctx, client, "http://"+collectorAddr)
+	}); err != nil {
+		return c, fmt.Errorf("waiting for the log collector's /health: %w", err)
+	}
+
 	var addr string
 	for attempt := 1; ; attempt++ {
 		if addr, err = freeLoopbackAddr(); err != nil {
@@ -142,7 +164,8 @@ func startCluster(ctx context.Context, spec clusterSpec) (_ *cluster, err error)
 	want := make([]string, cfg.NumWorkers)
 	for i := range cfg.NumWorkers {
 		want[i] = agentID(i + 1)
-		p, err := startProcess(want[i], spec.bins.agent, agentArgs(cfg, addr, i+1), env, spec.dir)
+		args := append(agentArgs(cfg, addr, i+1), "--log-collector-url", "ws://"+collectorAddr+"/ingest")
+		p, err := startProcess(want[i], spec.bins.agent, args, env, spec.dir)
 		if err != nil {
 			return c, err
 		}
@@ -159,22 +182,29 @@ func startCluster(ctx context.Context, spec clusterSpec) (_ *cluster, err error)
 	return c, nil
 }
 
-// all is every process of the cluster, agents first.
+// all is every process of the cluster: agents, dispatcher, collector.
 func (c *cluster) all() []*process {
 	ps := slices.Clone(c.agents)
 	if c.dispatcher != nil {
 		ps = append(ps, c.dispatcher)
 	}
+	if c.collector != nil {
+		ps = append(ps, c.collector)
+	}
 	return ps
 }
 
-// agentLogs are the paths of the agents' stdout logs.
-func (c *cluster) agentLogs() []string {
-	var paths []string
-	for _, a := range c.agents {
-		paths = append(paths, a.stdoutPath)
+// agentLogs are the paths of the agents' logs as the log collector stored them (the
+// agents' stdout is kept beside, for reading by hand).
+func (c *cluster) agentLogs() ([]string, error) {
+	paths, err := filepath.Glob(filepath.Join(c.collectorDir, "*", "*.jsonl"))
+	if err != nil {
+		return nil, err
 	}
-	return paths
+	if len(paths) == 0 {
+		return nil, fmt.Errorf("the log collector holds no worker logs in %s", c.collectorDir)
+	}
+	return paths, nil
 }
 
 // stop ends the agents, all at once, then the dispatcher, so that no agent is left
@@ -189,6 +219,10 @@ func (c *cluster) stop() error {
 		wg.Wait()
 		if c.dispatcher != nil {
 			errs = append(errs, c.dispatcher.stop(c.stopGrace))
+		}
+		// The collector goes last: a draining agent ships its final records first.
+		if c.collector != nil {
+			errs = append(errs, c.collector.stop(c.stopGrace))
 		}
 		c.stopErr = errors.Join(errs...)
 		if c.stopErr != nil {

@@ -84,7 +84,7 @@ func TestEndToEnd(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		pids.assertAllGone(t, 1+cfg.NumWorkers)
+		pids.assertAllGone(t, 2+cfg.NumWorkers) // the collector, the dispatcher and the agents
 		if len(results) != 1 {
 			t.Fatalf("%d results, want 1", len(results))
 		}
@@ -140,7 +140,7 @@ func TestEndToEnd(t *testing.T) {
 		if err := Run(t.Context(), cfg, &stdout); err != nil {
 			t.Fatal(err)
 		}
-		pids.assertAllGone(t, 2*(1+cfg.NumWorkers))
+		pids.assertAllGone(t, 2*(2+cfg.NumWorkers))
 		var got map[string]struct {
 			Mode   string `json:"mode"`
 			Worker struct {
@@ -188,7 +188,7 @@ func TestEndToEnd(t *testing.T) {
 		if !errors.Is(err, context.Canceled) {
 			t.Fatalf("err = %v, want context.Canceled", err)
 		}
-		pids.assertAllGone(t, 1+cfg.NumWorkers)
+		pids.assertAllGone(t, 2+cfg.NumWorkers) // the collector, the dispatcher and the agents
 	})
 
 	t.Run("interrupted during the requests", func(t *testing.T) {
@@ -206,7 +206,7 @@ func TestEndToEnd(t *testing.T) {
 		if !errors.Is(err, context.Canceled) {
 			t.Fatalf("err = %v, want context.Canceled", err)
 		}
-		pids.assertAllGone(t, 1+cfg.NumWorkers)
+		pids.assertAllGone(t, 2+cfg.NumWorkers) // the collector, the dispatcher and the agents
 	})
 }
 

@@ -198,7 +198,11 @@ func runMode(ctx context.Context, cfg Config, bins binaries, random bool, outDir
 	if writeErr != nil {
 		return report.Result{}, writeErr
 	}
-	ws, err := readWorkerLogs(cl.agentLogs())
+	paths, err := cl.agentLogs()
+	if err != nil {
+		return report.Result{}, err
+	}
+	ws, err := readWorkerLogs(paths)
 	if err != nil {
 		return report.Result{}, err
 	}
@@ -220,8 +224,7 @@ func runMode(ctx context.Context, cfg Config, bins binaries, random bool, outDir
 	return res, nil
 }
 
-// readWorkerLogs sums up the agents' logs. The logs come from the agents' stdout
-// files today and from the log collector later; workerlog reads any io.Reader.
+// readWorkerLogs sums up the agents' logs, as stored by the log collector.
 func readWorkerLogs(paths []string) (workerlog.Summary, error) {
 	files, err := openLogs(paths)
 	if err != nil {
