@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -33,6 +34,11 @@ type Dispatcher struct {
 	// uploader forwards /upload-model; nil when no uploader is configured.
 	uploader *http.Client
 }
+
+// parseError marks a body that was read but is not a valid task.
+type parseError struct{ err error }
+
+func (e *parseError) Error() string { return e.err.Error() }
 
 type errorBody struct {
 	Error string `json:"error"`
@@ -96,18 +102,34 @@ func (d *Dispatcher) routes() *echo.Echo {
 	return e
 }
 
+// bodyBuffers recycles request-body buffers: io.ReadAll grows a fresh slice for every
+// task. parseRunTask copies what it keeps, so a buffer goes back once parsed.
+var bodyBuffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
 func (d *Dispatcher) runTask(c echo.Context) error {
-	body, err := io.ReadAll(http.MaxBytesReader(c.Response(), c.Request().Body, d.cfg.MaxBodyBytes))
+	buf := bodyBuffers.Get().(*bytes.Buffer)
+	buf.Reset()
+	_, err := buf.ReadFrom(http.MaxBytesReader(c.Response(), c.Request().Body, d.cfg.MaxBodyBytes))
+	var spec taskSpec
+	if err == nil {
+		spec, err = parseRunTask(buf.Bytes())
+		if err != nil {
+			err = &parseError{err}
+		}
+	}
+	if buf.Cap() <= 64<<10 { // a rare huge body is not kept
+		bodyBuffers.Put(buf)
+	}
+	var perr *parseError
+	if errors.As(err, &perr) {
+		return c.JSON(http.StatusBadRequest, errorBody{perr.err.Error()})
+	}
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			return c.JSON(http.StatusRequestEntityTooLarge, errorBody{fmt.Sprintf("body larger than %d bytes", d.cfg.MaxBodyBytes)})
 		}
 		return c.JSON(http.StatusBadRequest, errorBody{"reading body: " + err.Error()})
-	}
-	spec, err := parseRunTask(body)
-	if err != nil {
-		return c.JSON(http.StatusBadRequest, errorBody{err.Error()})
 	}
 	rec, err := d.hub.submit(spec)
 	if err != nil {

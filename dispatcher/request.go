@@ -46,7 +46,8 @@ func badRequest(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", errBadRequest, fmt.Sprintf(format, args...))
 }
 
-// parseRunTask decodes and validates a /run-task body. It never panics on any input.
+// parseRunTask decodes and validates a /run-task body. It never panics on any input,
+// and keeps no reference into body (the caller reuses it).
 func parseRunTask(body []byte) (taskSpec, error) {
 	var req runTaskRequest
 	dec := json.NewDecoder(bytes.NewReader(body))
@@ -104,7 +105,7 @@ func parameters(raw json.RawMessage) ([]byte, error) {
 		}
 		return []byte(s), nil
 	case '{', '[':
-		return raw, nil
+		return bytes.Clone(raw), nil // raw points into the request body, which is reused
 	}
 	return nil, badRequest("parameters_json must be a JSON string, object or array")
 }

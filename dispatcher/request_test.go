@@ -53,3 +53,24 @@ func FuzzParseRunTask(f *testing.F) {
 		}
 	})
 }
+
+// The parsed task keeps no reference into the body, which runTask reuses.
+func TestParseRunTaskDoesNotAliasBody(t *testing.T) {
+	t.Parallel()
+	for _, body := range []string{
+		`{"task_id":"t1","task_type":"x","label":"m","parameters_json":{"a":1}}`,
+		`{"task_id":"t1","task_type":"x","label":"m","parameters_json":"{\"a\":1}"}`,
+	} {
+		b := []byte(body)
+		spec, err := parseRunTask(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range b {
+			b[i] = 'X'
+		}
+		if spec.id != "t1" || spec.label != "m" || spec.taskType != "x" || string(spec.params) != `{"a":1}` {
+			t.Fatalf("spec changed with the body: %+v params %q", spec, spec.params)
+		}
+	}
+}
