@@ -148,7 +148,7 @@ func (d *Dispatcher) runTask(c echo.Context) error {
 	}
 	select { // answered already (a resubmitted id): no timer needed
 	case <-rec.done:
-		return c.JSON(rec.answerStatus(), rec.view())
+		return writeView(c, rec.answerStatus(), rec.view())
 	default:
 	}
 	// Wait for the answer. A producer that goes away leaves the task running; its
@@ -158,7 +158,7 @@ func (d *Dispatcher) runTask(c echo.Context) error {
 	defer safety.Stop()
 	select {
 	case <-rec.done:
-		return c.JSON(rec.answerStatus(), rec.view())
+		return writeView(c, rec.answerStatus(), rec.view())
 	case <-c.Request().Context().Done():
 		return nil
 	case <-safety.C:
@@ -171,7 +171,7 @@ func (d *Dispatcher) getTask(c echo.Context) error {
 	if !ok {
 		return c.JSON(http.StatusNotFound, errorBody{"unknown task " + c.Param("id")})
 	}
-	return c.JSON(http.StatusOK, v)
+	return writeView(c, http.StatusOK, v)
 }
 
 func (d *Dispatcher) getWorkers(c echo.Context) error {

@@ -112,7 +112,9 @@ func TestCeilMilli(t *testing.T) {
 // one that stops reading (no pongs) is dropped once its read deadline passes.
 func TestPingsFromTheSharedPinger(t *testing.T) {
 	t.Parallel()
-	b := setup(t, Config{PingInterval: 20 * time.Millisecond})
+	// Short enough for a quick test, long enough that a loaded machine's scheduling
+	// stalls do not miss a pong (the drop comes after 2.5 intervals of silence).
+	b := setup(t, Config{PingInterval: 100 * time.Millisecond})
 	alive := b.dial("alive", "m")
 	pings := make(chan struct{}, 16)
 	alive.ws.SetPingHandler(func(data string) error {
@@ -131,7 +133,11 @@ func TestPingsFromTheSharedPinger(t *testing.T) {
 	}()
 	b.dial("silent", "m") // never reads again: no pongs
 	for i := 0; i < 3; i++ {
-		<-pings
+		select {
+		case <-pings:
+		case <-time.After(10 * time.Second): // a failure bound, not synchronisation
+			t.Fatalf("only %d pings reached the answering worker; workers now %v", i, b.workers())
+		}
 	}
 	for contains(b.workers(), "silent") {
 		time.Sleep(time.Millisecond) // polling an observable state; bounded by the test timeout

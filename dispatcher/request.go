@@ -46,41 +46,68 @@ func badRequest(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", errBadRequest, fmt.Sprintf(format, args...))
 }
 
+// runTaskFields is a body's fields after decoding, before validation: the one shape
+// both decoders below produce.
+type runTaskFields struct {
+	id, taskType, label string
+	params              []byte // decoded parameters; nil when absent or empty
+	returnResult        *bool
+	timeoutMS           *int64
+}
+
 // parseRunTask decodes and validates a /run-task body. It never panics on any input,
 // and keeps no reference into body (the caller reuses it).
 func parseRunTask(body []byte) (taskSpec, error) {
+	f, ok := scanRunTask(body)
+	if !ok {
+		var err error
+		if f, err = decodeRunTask(body); err != nil {
+			return taskSpec{}, err
+		}
+	}
+	return f.spec()
+}
+
+// decodeRunTask is the general decoder: encoding/json, strict about unknown fields and
+// trailing data. Its errors are the ones producers see.
+func decodeRunTask(body []byte) (runTaskFields, error) {
 	var req runTaskRequest
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
-		return taskSpec{}, badRequest("body is not a valid task: %v", err)
+		return runTaskFields{}, badRequest("body is not a valid task: %v", err)
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		return taskSpec{}, badRequest("body has data after the task object")
-	}
-	spec := taskSpec{id: req.TaskID, taskType: req.TaskType, label: req.Label, returnResult: true}
-	if err := checkName("label", req.Label, maxLabelLength, true); err != nil {
-		return taskSpec{}, err
-	}
-	if err := checkName("task_type", req.TaskType, maxTypeLength, true); err != nil {
-		return taskSpec{}, err
-	}
-	if err := checkName("task_id", req.TaskID, maxIDLength, false); err != nil {
-		return taskSpec{}, err
+		return runTaskFields{}, badRequest("body has data after the task object")
 	}
 	params, err := parameters(req.ParametersJSON)
 	if err != nil {
+		return runTaskFields{}, err
+	}
+	return runTaskFields{id: req.TaskID, taskType: req.TaskType, label: req.Label, params: params,
+		returnResult: req.ReturnResult, timeoutMS: req.TimeoutMS}, nil
+}
+
+// spec validates the fields.
+func (f runTaskFields) spec() (taskSpec, error) {
+	spec := taskSpec{id: f.id, taskType: f.taskType, label: f.label, params: f.params, returnResult: true}
+	if err := checkName("label", f.label, maxLabelLength, true); err != nil {
 		return taskSpec{}, err
 	}
-	spec.params = params
-	if req.ReturnResult != nil {
-		spec.returnResult = *req.ReturnResult
+	if err := checkName("task_type", f.taskType, maxTypeLength, true); err != nil {
+		return taskSpec{}, err
 	}
-	if req.TimeoutMS != nil {
-		if *req.TimeoutMS <= 0 || *req.TimeoutMS > int64(24*time.Hour/time.Millisecond) {
-			return taskSpec{}, badRequest("timeout_ms must be between 1 and 86400000, got %d", *req.TimeoutMS)
+	if err := checkName("task_id", f.id, maxIDLength, false); err != nil {
+		return taskSpec{}, err
+	}
+	if f.returnResult != nil {
+		spec.returnResult = *f.returnResult
+	}
+	if f.timeoutMS != nil {
+		if *f.timeoutMS <= 0 || *f.timeoutMS > int64(24*time.Hour/time.Millisecond) {
+			return taskSpec{}, badRequest("timeout_ms must be between 1 and 86400000, got %d", *f.timeoutMS)
 		}
-		spec.timeout = time.Duration(*req.TimeoutMS) * time.Millisecond
+		spec.timeout = time.Duration(*f.timeoutMS) * time.Millisecond
 	}
 	return spec, nil
 }

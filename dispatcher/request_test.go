@@ -74,3 +74,56 @@ func TestParseRunTaskDoesNotAliasBody(t *testing.T) {
 		}
 	}
 }
+
+// FuzzScanRunTask holds the one-pass scanner to encoding/json: every body it accepts,
+// decodeRunTask accepts too, with the same fields.
+func FuzzScanRunTask(f *testing.F) {
+	for _, s := range []string{
+		`{"task_id":"t-1","task_type":"sample_task","label":"label-1","parameters_json":"{\"data\": \"sample\"}"}`,
+		`{"task_type":"x","label":"m","return_result":false,"timeout_ms":1500}`,
+		` { "label" : "m" , "task_type":"x", "parameters_json":"" } `,
+		`{"label":"m","timeout_ms":-0}`, `{"label":"m","timeout_ms":012}`, `{"label":"m","timeout_ms":1e3}`,
+		`{"label":"m","label":"n"}`, `{"Label":"m"}`, `{"label":"a\/b"}`, `{"parameters_json":"[1,\"\\t\"]"}`,
+		`{}`, `{"label":"m",}`, `{"label":"m"}x`, `{"parameters_json":"{\"a\":\u0031}"}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		fast, ok := scanRunTask(body)
+		if !ok {
+			return
+		}
+		slow, err := decodeRunTask(body)
+		if err != nil {
+			t.Fatalf("scanner accepted what encoding/json refuses (%v): %q", err, body)
+		}
+		same := fast.id == slow.id && fast.taskType == slow.taskType && fast.label == slow.label &&
+			string(fast.params) == string(slow.params) &&
+			(fast.returnResult == nil) == (slow.returnResult == nil) && (fast.timeoutMS == nil) == (slow.timeoutMS == nil) &&
+			(fast.returnResult == nil || *fast.returnResult == *slow.returnResult) &&
+			(fast.timeoutMS == nil || *fast.timeoutMS == *slow.timeoutMS)
+		if !same {
+			t.Fatalf("%q: scanner %+v, encoding/json %+v", body, fast, slow)
+		}
+	})
+}
+
+// The scanner takes the seed's body, so the hot path does not fall back.
+func TestScanRunTaskTakesTheSeedsBody(t *testing.T) {
+	t.Parallel()
+	f, ok := scanRunTask([]byte(`{"task_id":"wrk-1-2","task_type":"sample_task","label":"label-3","parameters_json":"{\"data\": \"sample\"}","return_result":true,"timeout_ms":60000}`))
+	if !ok || f.id != "wrk-1-2" || f.label != "label-3" || string(f.params) != `{"data": "sample"}` || !*f.returnResult || *f.timeoutMS != 60000 {
+		t.Fatalf("scan: %+v ok=%v", f, ok)
+	}
+}
+
+// BenchmarkParseRunTask is the per-request cost of decoding and validating the seed's body.
+func BenchmarkParseRunTask(b *testing.B) {
+	body := []byte(`{"task_id":"wrk-1-12345","task_type":"sample_task","label":"label-3","parameters_json":"{\"data\": \"sample\"}"}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := parseRunTask(body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,93 @@
+package dispatcher
+
+import (
+	"encoding/json"
+	"math"
+	"strconv"
+	"sync"
+
+	"github.com/labstack/echo/v4"
+)
+
+// answerBuffers recycles the buffers answers are encoded into.
+var answerBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+
+// writeView answers with a task view. It is the per-task answer, so it is encoded by
+// hand rather than by reflection (encoding/json also re-validated the worker's result,
+// which onResult has checked once already). The bytes are what encoding/json writes,
+// up to the worker's result, which is embedded as the worker sent it.
+func writeView(c echo.Context, status int, v taskView) error {
+	bp := answerBuffers.Get().(*[]byte)
+	b := v.appendJSON((*bp)[:0])
+	b = append(b, '\n') // as json.Encoder, which c.JSON uses, ends its output
+	err := c.Blob(status, echo.MIMEApplicationJSON, b)
+	if cap(b) <= 64<<10 { // a rare huge result is not kept
+		*bp = b
+		answerBuffers.Put(bp)
+	}
+	return err
+}
+
+// appendJSON appends the view as encoding/json would marshal it.
+func (v *taskView) appendJSON(b []byte) []byte {
+	b = append(b, `{"task_id":`...)
+	b = appendString(b, v.TaskID)
+	b = append(b, `,"status":`...)
+	b = appendString(b, v.Status)
+	b = append(b, `,"label":`...)
+	b = appendString(b, v.Label)
+	b = append(b, `,"task_type":`...)
+	b = appendString(b, v.TaskType)
+	if v.WorkerID != "" {
+		b = append(b, `,"worker_id":`...)
+		b = appendString(b, v.WorkerID)
+	}
+	b = append(b, `,"label_miss":`...)
+	b = strconv.AppendBool(b, v.LabelMiss)
+	b = append(b, `,"attempts":`...)
+	b = strconv.AppendInt(b, int64(v.Attempts), 10)
+	b = append(b, `,"queue_ms":`...)
+	b = appendFloat(b, v.QueueMS)
+	b = append(b, `,"load_ms":`...)
+	b = appendFloat(b, v.LoadMS)
+	b = append(b, `,"run_ms":`...)
+	b = appendFloat(b, v.RunMS)
+	if len(v.Result) > 0 {
+		b = append(b, `,"result":`...)
+		b = append(b, v.Result...)
+	}
+	if v.Error != "" {
+		b = append(b, `,"error":`...)
+		b = appendString(b, v.Error)
+	}
+	return append(b, '}')
+}
+
+// appendString appends s as a JSON string. Ids, labels and types are printable ASCII
+// (checked on the way in) and go straight through; anything else — worker errors,
+// mostly — goes through encoding/json, escaping included.
+func appendString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			q, _ := json.Marshal(s)
+			return append(b, q...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
+}
+
+// appendFloat formats like encoding/json: shortest form, exponent only outside
+// [1e-6, 1e21). Durations are never NaN or infinite.
+func appendFloat(b []byte, f float64) []byte {
+	if math.IsNaN(f) || math.IsInf(f, 0) {
+		return append(b, '0')
+	}
+	abs := math.Abs(f)
+	if abs != 0 && (abs < 1e-6 || abs >= 1e21) {
+		q, _ := json.Marshal(f)
+		return append(b, q...)
+	}
+	return strconv.AppendFloat(b, f, 'f', -1, 64)
+}

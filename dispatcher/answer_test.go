@@ -1,0 +1,55 @@
+package dispatcher
+
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
+)
+
+// The hand-written answer is byte for byte what encoding/json makes of the view
+// (for a compact result, which is what workers send).
+func TestAnswerMatchesEncodingJSON(t *testing.T) {
+	t.Parallel()
+	views := []taskView{
+		{TaskID: "t-1", Status: statusCompleted, Label: "label-1", TaskType: "sample_task", WorkerID: "w-1", LabelMiss: true,
+			Attempts: 2, QueueMS: 0.0123, LoadMS: 400.25, RunMS: 40, Result: json.RawMessage(`{"a":[1,2,"x"]}`)},
+		{TaskID: "t-2", Status: statusQueued, Label: "m", TaskType: "x"},
+		{TaskID: "t-3", Status: statusFailed, Label: "m", TaskType: "x", Attempts: 3, QueueMS: 1e-9, RunMS: 1e22,
+			Error: "worker error: \"bad\" <input> & \u2028 \x01 \xff"},
+	}
+	for _, v := range views {
+		want, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := v.appendJSON(nil); !bytes.Equal(got, want) {
+			t.Errorf("got  %s\nwant %s", got, want)
+		}
+	}
+}
+
+// FuzzAnswer: any strings and numbers encode to JSON that decodes back to the view.
+func FuzzAnswer(f *testing.F) {
+	f.Add("t-1", "label", "worker error: <x>", 1.5, 0.0000001, 3)
+	f.Fuzz(func(t *testing.T, id, label, errMsg string, queue, run float64, attempts int) {
+		v := taskView{TaskID: id, Status: statusFailed, Label: label, TaskType: "x", QueueMS: queue, RunMS: run, Attempts: attempts, Error: errMsg}
+		want, err := json.Marshal(v)
+		if err != nil {
+			return // NaN and infinities: durations are never either
+		}
+		if got := v.appendJSON(nil); !bytes.Equal(got, want) {
+			t.Fatalf("got  %s\nwant %s", got, want)
+		}
+	})
+}
+
+func BenchmarkAnswerAppend(b *testing.B) {
+	v := taskView{TaskID: "wrk-1-12345", Status: statusCompleted, Label: "label-3", TaskType: "sample_task",
+		WorkerID: "tp-1-3", Attempts: 1, QueueMS: 0.0123, RunMS: 0.0011,
+		Result: json.RawMessage(`{"task_id":"wrk-1-12345","label":"label-3","echo":{"data":"sample"}}`)}
+	buf := make([]byte, 0, 512)
+	b.ReportAllocs()
+	for b.Loop() {
+		buf = v.appendJSON(buf[:0])
+	}
+}
