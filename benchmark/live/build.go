@@ -14,6 +14,8 @@ import (
 // binaries are the programs a run starts.
 type binaries struct {
 	dispatcher, agent, collector string
+	// fakeTriton stands in for Triton beside each agent with --backend triton.
+	fakeTriton string
 }
 
 // Packages built for a run, relative to the repository root.
@@ -21,6 +23,7 @@ const (
 	dispatcherPkg = "./dispatcher/cmd/dispatcher"
 	agentPkg      = "./worker-agent/cmd/worker-agent"
 	collectorPkg  = "./log-collector/cmd/log-collector"
+	fakeTritonPkg = "./worker-agent/cmd/fake-triton"
 )
 
 func exe(name string) string {
@@ -35,6 +38,7 @@ func binariesIn(dir string) binaries {
 		dispatcher: filepath.Join(dir, exe("dispatcher")),
 		agent:      filepath.Join(dir, exe("worker-agent")),
 		collector:  filepath.Join(dir, exe("log-collector")),
+		fakeTriton: filepath.Join(dir, exe("fake-triton")),
 	}
 }
 
@@ -63,7 +67,7 @@ func Build(ctx context.Context, repo, dir string) (binaries, error) {
 	if err != nil {
 		return binaries{}, fmt.Errorf("building needs the go tool on PATH (or pass --bin-dir): %w", err)
 	}
-	cmd := exec.CommandContext(ctx, goTool, "build", "-o", dir+string(filepath.Separator), dispatcherPkg, agentPkg, collectorPkg)
+	cmd := exec.CommandContext(ctx, goTool, "build", "-o", dir+string(filepath.Separator), dispatcherPkg, agentPkg, collectorPkg, fakeTritonPkg)
 	cmd.Dir = repo
 	// The go tool starts compilers; a cancelled build takes its whole group down.
 	cmd.SysProcAttr = sysProcAttr()
@@ -71,16 +75,20 @@ func Build(ctx context.Context, repo, dir string) (binaries, error) {
 	cmd.WaitDelay = 5 * time.Second
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return binaries{}, fmt.Errorf("go build %s %s %s in %s: %w\n%s", dispatcherPkg, agentPkg, collectorPkg, repo, err, out)
+		return binaries{}, fmt.Errorf("go build %s %s %s %s in %s: %w\n%s", dispatcherPkg, agentPkg, collectorPkg, fakeTritonPkg, repo, err, out)
 	}
 	return binariesIn(dir), nil
 }
 
-// prebuilt checks that dir holds every binary.
-func prebuilt(dir string) (binaries, error) {
+// prebuilt checks that dir holds every binary the backend needs.
+func prebuilt(dir, backend string) (binaries, error) {
 	b := binariesIn(dir)
 	var errs []error
-	for _, p := range []string{b.dispatcher, b.agent, b.collector} {
+	need := []string{b.dispatcher, b.agent, b.collector}
+	if backend == BackendTriton {
+		need = append(need, b.fakeTriton)
+	}
+	for _, p := range need {
 		fi, err := os.Stat(p)
 		switch {
 		case err != nil:

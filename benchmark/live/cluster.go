@@ -24,6 +24,8 @@ type cluster struct {
 	baseURL    string // http://127.0.0.1:<port>
 	dispatcher *process
 	agents     []*process
+	// backends are the fake Tritons beside the agents (--backend triton), one each.
+	backends []*process
 	// collector receives the agents' logs; the summary is read from its files.
 	collector    *process
 	collectorDir string
@@ -68,20 +70,41 @@ func dispatcherArgs(cfg Config, addr string, random bool) []string {
 	return args
 }
 
-func agentArgs(cfg Config, addr string, i int) []string {
+// agentArgs are agent i's flags; tritonURL is its Triton's with BackendTriton.
+func agentArgs(cfg Config, addr string, i int, tritonURL string) []string {
 	s := cfg.TimeScale
-	return []string{
+	args := []string{
 		"--dispatcher-url", "ws://" + addr + "/worker-listen",
 		"--worker-id", agentID(i),
 		"--max-labels", strconv.Itoa(cfg.MaxLabels),
 		"--slots", strconv.Itoa(cfg.Slots),
+		"--log-level", agentLogLevel(cfg.LogLevel),
+	}
+	if cfg.Backend == BackendTriton {
+		return append(args, "--backend", "triton", "--triton-url", tritonURL)
+	}
+	return append(args,
 		"--backend", "sim",
 		"--sim-load-time", scaled(cfg.SimLoadTime, s).String(),
 		"--sim-load-jitter", scaled(cfg.SimLoadJitter, s).String(),
 		"--sim-run-time", scaled(cfg.SimRunTime, s).String(),
 		"--sim-run-jitter", scaled(cfg.SimRunJitter, s).String(),
 		"--seed", strconv.FormatInt(cfg.Seed+int64(i), 10),
-		"--log-level", agentLogLevel(cfg.LogLevel),
+	)
+}
+
+// fakeTritonArgs serve every benchmark label as a model whose load takes the
+// time-scaled SimLoadTime, as a real model's load would.
+func fakeTritonArgs(cfg Config, addr string) []string {
+	models := make([]string, cfg.Labels)
+	for i := range models {
+		models[i] = fmt.Sprintf("label-%d", i+1)
+	}
+	return []string{
+		"--addr", addr,
+		"--models", strings.Join(models, ","),
+		"--load-delay", scaled(cfg.SimLoadTime, cfg.TimeScale).String(),
+		"--unload-delay", scaled(cfg.SimLoadTime/8, cfg.TimeScale).String(),
 	}
 }
 
@@ -164,7 +187,23 @@ func startCluster(ctx context.Context, spec clusterSpec) (_ *cluster, err error)
 	want := make([]string, cfg.NumWorkers)
 	for i := range cfg.NumWorkers {
 		want[i] = agentID(i + 1)
-		args := append(agentArgs(cfg, addr, i+1), "--log-collector-url", "ws://"+collectorAddr+"/ingest")
+		var tritonURL string
+		if cfg.Backend == BackendTriton {
+			// The agent waits for its Triton to be live before it says hello, so the
+			// workers' readiness below covers the fakes too.
+			tritonAddr, err := freeLoopbackAddr()
+			if err != nil {
+				return c, err
+			}
+			fake, err := startProcess("fake-triton-"+strconv.Itoa(i+1), spec.bins.fakeTriton, fakeTritonArgs(cfg, tritonAddr), env, spec.dir)
+			if err != nil {
+				return c, err
+			}
+			c.backends = append(c.backends, fake)
+			started(fake)
+			tritonURL = "http://" + tritonAddr
+		}
+		args := append(agentArgs(cfg, addr, i+1, tritonURL), "--log-collector-url", "ws://"+collectorAddr+"/ingest")
 		p, err := startProcess(want[i], spec.bins.agent, args, env, spec.dir)
 		if err != nil {
 			return c, err
@@ -182,9 +221,9 @@ func startCluster(ctx context.Context, spec clusterSpec) (_ *cluster, err error)
 	return c, nil
 }
 
-// all is every process of the cluster: agents, dispatcher, collector.
+// all is every process of the cluster: agents, fake Tritons, dispatcher, collector.
 func (c *cluster) all() []*process {
-	ps := slices.Clone(c.agents)
+	ps := append(slices.Clone(c.agents), c.backends...)
 	if c.dispatcher != nil {
 		ps = append(ps, c.dispatcher)
 	}
@@ -217,6 +256,10 @@ func (c *cluster) stop() error {
 			wg.Go(func() { errs[i] = a.stop(c.stopGrace) })
 		}
 		wg.Wait()
+		// A draining agent may still call its Triton: the fakes go after the agents.
+		for _, b := range c.backends {
+			errs = append(errs, b.stop(c.stopGrace))
+		}
 		if c.dispatcher != nil {
 			errs = append(errs, c.dispatcher.stop(c.stopGrace))
 		}

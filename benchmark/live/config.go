@@ -42,6 +42,10 @@ type Config struct {
 	// TaskTimeout is passed to the dispatcher as --task-timeout (--task-timeout). Zero
 	// means the flag is not passed and the dispatcher's default applies.
 	TaskTimeout time.Duration
+	// Backend is the agents' backend (--backend, BACKEND): BackendSim, or
+	// BackendTriton, which starts a fake Triton beside each agent (loads take
+	// SimLoadTime there; runs are the fake's real inference calls). Zero means sim.
+	Backend string
 	// SimLoadTime, SimLoadJitter, SimRunTime and SimRunJitter drive the agents'
 	// simulated backend, before TimeScale (--sim-load-time, --sim-load-jitter,
 	// --sim-run-time, --sim-run-jitter).
@@ -58,7 +62,11 @@ type Config struct {
 	// Labels is the number of labels, named label-1 to label-N (--labels).
 	Labels int
 	// TaskTypes are chosen uniformly per request (--task-types, comma-separated).
+	// Zero means sample_task, or infer with BackendTriton.
 	TaskTypes []string
+	// Parameters is every task's parameters_json (--parameters). Zero means the
+	// seed's {"data": "sample"}, or a small KServe v2 infer body with BackendTriton.
+	Parameters string
 	// SyncShare is the share of synchronous requests (--sync-share).
 	SyncShare float64
 	// Seed drives the producers and, offset per worker, the agents (--seed).
@@ -108,7 +116,6 @@ func DefaultConfig() Config {
 		WaitAvg:        time.Second,
 		WaitStddev:     500 * time.Millisecond,
 		Labels:         4,
-		TaskTypes:      []string{"sample_task"},
 		SyncShare:      1,
 		Seed:           1,
 		TimeScale:      1,
@@ -118,7 +125,28 @@ func DefaultConfig() Config {
 	}
 }
 
+// Backends of the agents.
+const (
+	BackendSim    = "sim"
+	BackendTriton = "triton"
+)
+
+// tritonInferBody is a KServe v2 infer request the fake Triton answers for any model.
+const tritonInferBody = `{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1,4],"data":[1,2,3,4]}]}`
+
 func (c Config) withDefaults() Config {
+	if c.Backend == "" {
+		c.Backend = BackendSim
+	}
+	if len(c.TaskTypes) == 0 {
+		c.TaskTypes = []string{"sample_task"}
+		if c.Backend == BackendTriton {
+			c.TaskTypes = []string{"infer"}
+		}
+	}
+	if c.Parameters == "" && c.Backend == BackendTriton {
+		c.Parameters = tritonInferBody
+	}
 	if c.LogLevel == "" {
 		c.LogLevel = "info"
 	}
@@ -167,8 +195,10 @@ func (c Config) Validate() error {
 	if !(c.TimeScale > 0) || math.IsInf(c.TimeScale, 0) {
 		bad("--time-scale must be a positive number, got %v", c.TimeScale)
 	}
-	if len(c.TaskTypes) == 0 {
-		bad("--task-types must name at least one task type")
+	switch c.Backend {
+	case "", BackendSim, BackendTriton:
+	default:
+		bad("--backend (BACKEND) must be sim or triton, got %q", c.Backend)
 	}
 	for _, t := range c.TaskTypes {
 		if strings.TrimSpace(t) == "" {

@@ -39,7 +39,7 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		{func(c *Config) { c.SyncShare = math.NaN() }, "--sync-share"},
 		{func(c *Config) { c.TimeScale = 0 }, "--time-scale"},
 		{func(c *Config) { c.TimeScale = math.Inf(1) }, "--time-scale"},
-		{func(c *Config) { c.TaskTypes = nil }, "--task-types"},
+		{func(c *Config) { c.Backend = "gpu" }, "--backend"},
 		{func(c *Config) { c.TaskTypes = []string{"a", ""} }, "--task-types"},
 		{func(c *Config) { c.LogLevel = "loud" }, "--log-level"},
 		{func(c *Config) { c.ChartPath = "x.svg" }, "--chart needs --compare"},
@@ -67,22 +67,46 @@ func TestAgentArgsScaled(t *testing.T) {
 	c.TimeScale = 0.1
 	c.Seed = 5
 	c.MaxLabels = 3
-	got := agentArgs(c, "127.0.0.1:9", 2)
+	got := agentArgs(c, "127.0.0.1:9", 2, "")
 	want := []string{
 		"--dispatcher-url", "ws://127.0.0.1:9/worker-listen",
 		"--worker-id", "bench-worker-2",
 		"--max-labels", "3",
 		"--slots", "1",
+		"--log-level", "info",
 		"--backend", "sim",
 		"--sim-load-time", "40ms",
 		"--sim-load-jitter", "5ms",
 		"--sim-run-time", "5ms",
 		"--sim-run-jitter", "1ms",
 		"--seed", "7",
-		"--log-level", "info",
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("agentArgs =\n%q\nwant\n%q", got, want)
+	}
+}
+
+// With --backend triton each agent is pointed at its own fake Triton, whose models
+// are the benchmark's labels and whose loads take the scaled load time; producers
+// send infer tasks the fake can run.
+func TestTritonBackendArgs(t *testing.T) {
+	t.Parallel()
+	c := DefaultConfig()
+	c.Backend = BackendTriton
+	c.TimeScale = 0.1
+	c = c.withDefaults()
+	got := agentArgs(c, "127.0.0.1:9", 1, "http://127.0.0.1:10")
+	if want := []string{"--backend", "triton", "--triton-url", "http://127.0.0.1:10"}; !slices.Equal(got[len(got)-4:], want) {
+		t.Errorf("agentArgs = %q, want it to end with %q", got, want)
+	}
+	if want := []string{"--addr", "127.0.0.1:10", "--models", "label-1,label-2,label-3,label-4", "--load-delay", "40ms", "--unload-delay", "5ms"}; !slices.Equal(fakeTritonArgs(c, "127.0.0.1:10"), want) {
+		t.Errorf("fakeTritonArgs = %q, want %q", fakeTritonArgs(c, "127.0.0.1:10"), want)
+	}
+	if !slices.Equal(c.TaskTypes, []string{"infer"}) || c.Parameters != tritonInferBody {
+		t.Errorf("triton defaults: task types %q, parameters %q", c.TaskTypes, c.Parameters)
+	}
+	if s := DefaultConfig().withDefaults(); !slices.Equal(s.TaskTypes, []string{"sample_task"}) || s.Parameters != "" {
+		t.Errorf("sim defaults: task types %q, parameters %q", s.TaskTypes, s.Parameters)
 	}
 }
 
@@ -142,7 +166,7 @@ func TestFindRepoRoot(t *testing.T) {
 
 func TestPrebuiltChecks(t *testing.T) {
 	t.Parallel()
-	_, err := prebuilt(t.TempDir())
+	_, err := prebuilt(t.TempDir(), BackendSim)
 	if err == nil || !strings.Contains(err.Error(), "--bin-dir") || !strings.Contains(err.Error(), "worker-agent") {
 		t.Errorf("err = %v, want both missing binaries named under --bin-dir", err)
 	}

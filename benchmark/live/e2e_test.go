@@ -172,6 +172,33 @@ func TestEndToEnd(t *testing.T) {
 		}
 	})
 
+	t.Run("triton backend", func(t *testing.T) {
+		t.Parallel()
+		pids := &pidLog{}
+		cfg := e2eConfig(t, binDir, pids)
+		cfg.Backend = BackendTriton
+		results, err := Measure(t.Context(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The collector, the dispatcher, and each agent with its fake Triton.
+		pids.assertAllGone(t, 2+2*cfg.NumWorkers)
+		ps, ws := results[0].Producer, results[0].Worker
+		if ps.Requests != 40 || ps.Failed != 0 || ps.Completed != 40 || ws.TasksCompleted != 40 {
+			t.Errorf("producer summary %+v; workers completed %d", ps, ws.TasksCompleted)
+		}
+		// Real loads happened on the fakes, and the agents' account agrees with the
+		// dispatcher's answers.
+		if ws.LabelMisses < 1 || ws.LabelMisses != ps.LabelMisses {
+			t.Errorf("label misses: workers %d, dispatcher %d", ws.LabelMisses, ps.LabelMisses)
+		}
+		for _, rec := range readRecords(t, filepath.Join(results[0].OutDir, recordsFile)) {
+			if rec["task_type"] != "infer" {
+				t.Fatalf("record %v: want infer tasks for the Triton backend", rec)
+			}
+		}
+	})
+
 	t.Run("interrupted during startup", func(t *testing.T) {
 		t.Parallel()
 		pids := &pidLog{}

@@ -110,7 +110,7 @@ func Measure(ctx context.Context, cfg Config) ([]report.Result, error) {
 // resolveBinaries finds the prebuilt binaries or builds them; cleanup removes a build.
 func resolveBinaries(ctx context.Context, cfg Config) (binaries, func(), error) {
 	if cfg.BinDir != "" {
-		b, err := prebuilt(cfg.BinDir)
+		b, err := prebuilt(cfg.BinDir, cfg.Backend)
 		return b, func() {}, err
 	}
 	repo := cfg.RepoDir
@@ -179,6 +179,7 @@ func runMode(ctx context.Context, cfg Config, bins binaries, random bool, outDir
 		WaitStddev:     cfg.WaitStddev,
 		Labels:         labels,
 		TaskTypes:      cfg.TaskTypes,
+		Parameters:     cfg.Parameters,
 		SyncShare:      cfg.SyncShare,
 		Seed:           uint64(cfg.Seed),
 		TimeScale:      cfg.TimeScale,

@@ -32,7 +32,9 @@
 //	--wait-stddev S       standard deviation of the pause, seconds; the pause is
 //	                      max(0.1 s, normal(avg, stddev)) [0.5]
 //	--labels N            number of labels, label-1..label-N, chosen uniformly [4]
-//	--task-types LIST     comma-separated task types, chosen uniformly [sample_task]
+//	--task-types LIST     comma-separated task types, chosen uniformly [sample_task; infer with triton]
+//	--parameters JSON     parameters_json of every task [the seed's; a small infer body with triton]
+//	--backend NAME        agents' backend: sim, or triton (a fake Triton beside each agent) [sim; env BACKEND]
 //	--sync-share F        share of synchronous requests; the rest are sent with
 //	                      "return_result": false and polled [1.0]
 //	--seed N              seed of the producers and (offset per worker) the agents [1]
@@ -152,6 +154,9 @@ func parseRun(args []string, getenv func(string) string, stderr io.Writer) (live
 		}
 		cfg.NumWorkers = n
 	}
+	if v := getenv("BACKEND"); v != "" {
+		cfg.Backend = v
+	}
 	if v := getenv("RANDOM_DISPATCH"); v != "" {
 		b, err := strconv.ParseBool(v)
 		if err != nil {
@@ -168,7 +173,9 @@ func parseRun(args []string, getenv func(string) string, stderr io.Writer) (live
 	waitAvg := fs.Float64("wait-avg", cfg.WaitAvg.Seconds(), "mean pause after each request, seconds")
 	waitStddev := fs.Float64("wait-stddev", cfg.WaitStddev.Seconds(), "standard deviation of the pause, seconds")
 	fs.IntVar(&cfg.Labels, "labels", cfg.Labels, "number of labels (label-1..label-N)")
-	taskTypes := fs.String("task-types", strings.Join(cfg.TaskTypes, ","), "comma-separated task types")
+	taskTypes := fs.String("task-types", "", "comma-separated task types (default sample_task; infer with --backend triton)")
+	fs.StringVar(&cfg.Parameters, "parameters", "", "parameters_json of every task (default the seed's; a small infer body with --backend triton)")
+	fs.StringVar(&cfg.Backend, "backend", cfg.Backend, "agents' backend: sim, or triton (a fake Triton beside each agent) (env BACKEND)")
 	fs.Float64Var(&cfg.SyncShare, "sync-share", cfg.SyncShare, "share of synchronous requests")
 	fs.Int64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the producers and agents")
 	fs.Float64Var(&cfg.TimeScale, "time-scale", cfg.TimeScale, "multiplies every duration of the workload")
@@ -200,7 +207,9 @@ func parseRun(args []string, getenv func(string) string, stderr io.Writer) (live
 	}
 	cfg.WaitAvg = seconds(*waitAvg)
 	cfg.WaitStddev = seconds(*waitStddev)
-	cfg.TaskTypes = strings.Split(*taskTypes, ",")
+	if *taskTypes != "" {
+		cfg.TaskTypes = strings.Split(*taskTypes, ",")
+	}
 
 	terminal := isTerminal(stderr)
 	if terminal && !cfg.JSON {
