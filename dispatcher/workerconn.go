@@ -1,8 +1,10 @@
 package dispatcher
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -35,6 +37,9 @@ type workerConn struct {
 	agent       string
 	connectedAt time.Time
 	ws          *websocket.Conn
+	// batch is the socket under ws; the flusher gathers a batch of frames into one
+	// write through it.
+	batch *frame.BatchConn
 	// log is the dispatcher's logger; records add worker_id themselves, because a
 	// child logger per connection would hold a few hundred bytes for its lifetime.
 	log zerolog.Logger
@@ -98,17 +103,38 @@ func (wc *workerConn) flush() {
 			return
 		}
 		wc.pendingMu.Unlock()
+		if len(batch) > 1 {
+			wc.batch.Hold() // one write for the lot
+		}
+		wc.ws.SetWriteDeadline(time.Now().Add(wc.writeTimeout))
 		for _, b := range batch {
 			if wc.isClosing() {
 				break // a closing connection sends nothing more: its tasks are requeued
 			}
-			wc.ws.SetWriteDeadline(time.Now().Add(wc.writeTimeout))
 			if err := wc.ws.WriteMessage(websocket.BinaryMessage, b); err != nil {
 				wc.close(&Disconnect{Code: pb.CloseCode_CLOSE_CODE_UNSPECIFIED, Reason: "write: " + err.Error()})
 				break
 			}
 		}
+		if err := wc.batch.Flush(); err != nil {
+			wc.close(&Disconnect{Code: pb.CloseCode_CLOSE_CODE_UNSPECIFIED, Reason: "write: " + err.Error()})
+		}
 	}
+}
+
+// batchingHijacker hands the upgrader a BatchConn around the hijacked socket.
+type batchingHijacker struct {
+	http.ResponseWriter
+	conn *frame.BatchConn
+}
+
+func (h *batchingHijacker) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	nc, brw, err := http.NewResponseController(h.ResponseWriter).Hijack()
+	if err != nil {
+		return nil, nil, err
+	}
+	h.conn = frame.NewBatchConn(nc)
+	return h.conn, brw, nil
 }
 
 // ping sends a WebSocket ping; the reader's deadline, which pongs extend, notices a
@@ -167,7 +193,8 @@ func (d *Dispatcher) serveWorker(c echo.Context) error {
 	if err := checkName("Worker-Id", id, maxIDLength, true); err != nil {
 		return c.JSON(http.StatusBadRequest, errorBody{err.Error()})
 	}
-	ws, err := upgrader.Upgrade(c.Response(), c.Request(), nil)
+	hj := &batchingHijacker{ResponseWriter: c.Response()}
+	ws, err := upgrader.Upgrade(hj, c.Request(), nil)
 	if err != nil {
 		return nil // the upgrader has answered the client already
 	}
@@ -176,6 +203,7 @@ func (d *Dispatcher) serveWorker(c echo.Context) error {
 		id:           id,
 		connectedAt:  time.Now(),
 		ws:           ws,
+		batch:        hj.conn,
 		log:          d.log,
 		maxQueued:    cfg.SendQueueFrames,
 		writeTimeout: cfg.WriteTimeout,

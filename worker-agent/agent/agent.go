@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -142,7 +143,7 @@ func newAgent(cfg Config) (_ *agent, err error) {
 		log:         base.With().Str("component", "agent").Logger(),
 		taskLog:     base.With().Str("component", "task").Logger(),
 		backend:     b,
-		dialer:      &websocket.Dialer{HandshakeTimeout: cfg.HandshakeTimeout, Proxy: http.ProxyFromEnvironment},
+		dialer:      &websocket.Dialer{HandshakeTimeout: cfg.HandshakeTimeout, Proxy: http.ProxyFromEnvironment, NetDialContext: dialBatching},
 		agentString: fmt.Sprintf("worker-agent %s backend=%s", Version, b.Name()),
 		logShip:     ship,
 		workCtx:     workCtx,
@@ -555,4 +556,15 @@ func (a *agent) checkHealth() {
 
 func statusFrame(accepting bool, reason string) *pb.Envelope {
 	return &pb.Envelope{Body: &pb.Envelope_Status{Status: &pb.WorkerStatus{Accepting: accepting, Reason: reason}}}
+}
+
+// dialBatching dials TCP and wraps the socket so that the session's writer can put
+// the frames it has queued into one write (see session.writeLoop).
+func dialBatching(ctx context.Context, network, addr string) (net.Conn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	return frame.NewBatchConn(c), nil
 }

@@ -139,17 +139,38 @@ func (s *session) write(env *pb.Envelope, buf []byte) ([]byte, error) {
 	return b, nil
 }
 
+// maxBatch bounds the frames the writer gathers into one write.
+const maxBatch = 64
+
 // writeLoop is the only goroutine that writes data frames after the handshake.
 func (s *session) writeLoop() {
 	defer s.wg.Done()
 	ping := time.NewTicker(s.pingInterval)
 	defer ping.Stop()
+	// Over plain TCP the socket is a BatchConn (see dialBatching): results that are
+	// queued together leave in one write. Under TLS each frame is its own write.
+	batch, _ := s.conn.NetConn().(*frame.BatchConn)
 	var buf []byte
 	var err error
 	for {
 		select {
 		case env := <-s.out:
-			if buf, err = s.write(env, buf); err != nil {
+			if n := len(s.out); n > 0 && batch != nil {
+				batch.Hold()
+				for range min(n, maxBatch-1) { // only this goroutine receives: never blocks
+					if buf, err = s.write(env, buf); err != nil {
+						break
+					}
+					env = <-s.out
+				}
+			}
+			if err == nil {
+				buf, err = s.write(env, buf)
+			}
+			if batch != nil && err == nil {
+				err = batch.Flush()
+			}
+			if err != nil {
 				s.end(fmt.Errorf("write: %w", err))
 				return
 			}

@@ -1,0 +1,77 @@
+package frame
+
+import (
+	"net"
+	"sync"
+)
+
+// BatchConn lets a connection's one writer put several WebSocket frames into a single
+// write(2). Between Hold and Flush, writes are gathered in memory; outside, they go
+// straight through. Under load a worker connection often has a few frames waiting at
+// once (assignments one way, results the other), and a system call per frame was the
+// largest single cost of both ends.
+//
+// Any goroutine may write (gorilla/websocket serialises whole frames, and control
+// frames such as pongs may come from the reader); a frame written while held simply
+// joins the batch. Reads and everything else pass through to the wrapped Conn.
+type BatchConn struct {
+	net.Conn
+
+	mu   sync.Mutex
+	held bool
+	buf  *[]byte // from batchBuffers while held; nil otherwise, so idle costs nothing
+}
+
+// NewBatchConn wraps c.
+func NewBatchConn(c net.Conn) *BatchConn { return &BatchConn{Conn: c} }
+
+// batchBuffers recycles the gathering buffers across connections.
+var batchBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
+
+// maxKeptBatch bounds a buffer returned to the pool, so a rare huge frame is not kept.
+const maxKeptBatch = 64 << 10
+
+// Hold starts gathering writes.
+func (c *BatchConn) Hold() {
+	c.mu.Lock()
+	if !c.held {
+		c.held = true
+		c.buf = batchBuffers.Get().(*[]byte)
+	}
+	c.mu.Unlock()
+}
+
+// Write gathers p while held and writes it through otherwise.
+func (c *BatchConn) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	if c.held {
+		*c.buf = append(*c.buf, p...)
+		c.mu.Unlock()
+		return len(p), nil
+	}
+	c.mu.Unlock()
+	return c.Conn.Write(p)
+}
+
+// Flush writes what was gathered since Hold in one write and stops gathering. A write
+// error is the connection's: the caller closes it, as for any failed write.
+func (c *BatchConn) Flush() error {
+	c.mu.Lock()
+	if !c.held {
+		c.mu.Unlock()
+		return nil
+	}
+	c.held = false
+	bp := c.buf
+	c.buf = nil
+	c.mu.Unlock()
+	// Written outside the lock: a frame written meanwhile goes straight through, which
+	// may put it ahead of the batch, and that is fine, since gorilla wrote each frame
+	// whole and a net.Conn's writes do not interleave.
+	_, err := c.Conn.Write(*bp)
+	if cap(*bp) <= maxKeptBatch {
+		*bp = (*bp)[:0]
+		batchBuffers.Put(bp)
+	}
+	return err
+}
