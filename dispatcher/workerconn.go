@@ -291,21 +291,28 @@ func (d *Dispatcher) readLoop(wc *workerConn) *Disconnect {
 	pongWait := d.cfg.PingInterval * 5 / 2
 	ws.SetReadDeadline(time.Now().Add(pongWait))
 	ws.SetPongHandler(func(string) error { return ws.SetReadDeadline(time.Now().Add(pongWait)) })
+	readFailed := func(err error) *Disconnect {
+		if ce := (*websocket.CloseError)(nil); errors.As(err, &ce) {
+			return &Disconnect{Code: pb.CloseCode(ce.Code), Reason: "worker closed: " + ce.Text}
+		}
+		return &Disconnect{Code: pb.CloseCode_CLOSE_CODE_UNSPECIFIED, Reason: "read: " + err.Error()}
+	}
 	env := new(pb.Envelope)
 	for {
-		kind, b, err := ws.ReadMessage()
+		kind, r, err := ws.NextReader()
 		if err != nil {
-			if ce := (*websocket.CloseError)(nil); errors.As(err, &ce) {
-				return &Disconnect{Code: pb.CloseCode(ce.Code), Reason: "worker closed: " + ce.Text}
-			}
-			return &Disconnect{Code: pb.CloseCode_CLOSE_CODE_UNSPECIFIED, Reason: "read: " + err.Error()}
+			return readFailed(err)
 		}
 		ws.SetReadDeadline(time.Now().Add(pongWait))
 		if kind != websocket.BinaryMessage {
 			return &Disconnect{Code: pb.CloseCode_CLOSE_CODE_BAD_FRAME, Reason: "frames must be binary protobuf envelopes"}
 		}
 		env.Reset()
-		if err := frame.DecodeInto(b, int(d.cfg.MaxFrameBytes), env); err != nil {
+		if _, err := frame.ReadInto(r, int(d.cfg.MaxFrameBytes), env); err != nil {
+			var re *frame.ReadError
+			if errors.As(err, &re) {
+				return readFailed(re.Err)
+			}
 			return &Disconnect{Code: pb.CloseCode_CLOSE_CODE_BAD_FRAME, Reason: err.Error()}
 		}
 		switch body := env.Body.(type) {

@@ -4,8 +4,11 @@
 package frame
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
+	"sync"
 
 	"google.golang.org/protobuf/proto"
 
@@ -58,6 +61,39 @@ func DecodeInto(b []byte, maxSize int, env *pb.Envelope) error {
 		return ErrNoBody
 	}
 	return nil
+}
+
+// ReadError is a failure to read a frame off its connection, as opposed to a frame
+// that was read and is bad.
+type ReadError struct{ Err error }
+
+func (e *ReadError) Error() string { return "read: " + e.Err.Error() }
+func (e *ReadError) Unwrap() error { return e.Err }
+
+// readBuffers recycles the buffers frames are read into: decoding copies what it
+// keeps, so a buffer is free again once decoded.
+var readBuffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// maxKeptRead bounds a read buffer returned to the pool: one huge frame does not pin
+// its size.
+const maxKeptRead = 64 << 10
+
+// ReadInto reads one frame from r (a WebSocket message's reader, bounded by the
+// connection's read limit) and decodes it into env, as DecodeInto. A failed read is a
+// *ReadError. The bytes go through a pooled buffer: a reader loop allocates nothing
+// for the frame itself, and an idle connection holds no buffer.
+func ReadInto(r io.Reader, maxSize int, env *pb.Envelope) (n int, err error) {
+	buf := readBuffers.Get().(*bytes.Buffer)
+	buf.Reset()
+	defer func() {
+		if buf.Cap() <= maxKeptRead {
+			readBuffers.Put(buf)
+		}
+	}()
+	if _, err := buf.ReadFrom(r); err != nil {
+		return buf.Len(), &ReadError{err}
+	}
+	return buf.Len(), DecodeInto(buf.Bytes(), maxSize, env)
 }
 
 // Encode marshals an envelope into a frame, appending to buf (which may be nil).

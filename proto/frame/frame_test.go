@@ -1,8 +1,11 @@
 package frame
 
 import (
+	"bytes"
 	"errors"
+	"io"
 	"testing"
+	"testing/iotest"
 
 	"google.golang.org/protobuf/proto"
 
@@ -106,4 +109,34 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("re-decode differs: %v", err)
 		}
 	})
+}
+
+// ReadInto decodes what it reads, tells a failed read from a bad frame, and leaves
+// nothing of one frame in the next.
+func TestReadInto(t *testing.T) {
+	t.Parallel()
+	b, err := Encode(nil, &pb.Envelope{Body: &pb.Envelope_Result{Result: &pb.TaskResult{TaskId: "t-1", Result: []byte("long result")}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := new(pb.Envelope)
+	if n, err := ReadInto(bytes.NewReader(b), 0, env); err != nil || n != len(b) || env.GetResult().GetTaskId() != "t-1" {
+		t.Fatalf("ReadInto = %d, %v; env %v", n, err, env)
+	}
+	kept := env.GetResult().GetResult()
+	small, _ := Encode(nil, &pb.Envelope{Body: &pb.Envelope_Result{Result: &pb.TaskResult{TaskId: "t-2"}}})
+	env2 := new(pb.Envelope)
+	if _, err := ReadInto(bytes.NewReader(small), 0, env2); err != nil || env2.GetResult().GetTaskId() != "t-2" {
+		t.Fatalf("second frame: %v %v", err, env2)
+	}
+	if string(kept) != "long result" {
+		t.Fatalf("a decoded field aliased the pooled buffer: now %q", kept)
+	}
+	var re *ReadError
+	if _, err := ReadInto(iotest.ErrReader(io.ErrUnexpectedEOF), 0, env); !errors.As(err, &re) {
+		t.Fatalf("failed read: %v, want a *ReadError", err)
+	}
+	if _, err := ReadInto(bytes.NewReader([]byte{0xff, 0xff}), 0, env); err == nil || errors.As(err, &re) {
+		t.Fatalf("garbage: %v, want a decoding error", err)
+	}
 }

@@ -231,25 +231,29 @@ func (s *session) closeWith(code int, reason string, err error) {
 // nil envelope with a nil error is a frame to skip.
 func (s *session) readFrame(maxSize int, timeout time.Duration) (*pb.Envelope, error) {
 	_ = s.conn.SetReadDeadline(time.Now().Add(timeout))
-	kind, data, err := s.conn.ReadMessage()
+	kind, r, err := s.conn.NextReader()
 	if err != nil {
 		return nil, asCloseError(err)
 	}
 	if kind != websocket.BinaryMessage {
 		return nil, &protocolError{msg: fmt.Sprintf("websocket message type %d, want binary", kind)}
 	}
-	env, err := frame.Decode(data, maxSize)
-	if errors.Is(err, frame.ErrNoBody) {
+	env := new(pb.Envelope)
+	n, err := frame.ReadInto(r, maxSize, env)
+	var re *frame.ReadError
+	switch {
+	case errors.As(err, &re):
+		return nil, asCloseError(re.Err)
+	case errors.Is(err, frame.ErrNoBody):
 		// Fields are only ever added to the protocol: a body this build does not know
 		// comes from a newer dispatcher and is skipped rather than treated as garbage.
-		s.log.Warn().Int("bytes", len(data)).Msg("skipping a frame with no body this worker knows")
+		s.log.Warn().Int("bytes", n).Msg("skipping a frame with no body this worker knows")
 		return nil, nil
-	}
-	if err != nil {
+	case err != nil:
 		return nil, &protocolError{msg: err.Error()}
 	}
 	if e := s.log.Debug(); e.Enabled() {
-		e.Str("frame", fmt.Sprintf("%T", env.GetBody())).Int("bytes", len(data)).Msg("frame received")
+		e.Str("frame", fmt.Sprintf("%T", env.GetBody())).Int("bytes", n).Msg("frame received")
 	}
 	return env, nil
 }
