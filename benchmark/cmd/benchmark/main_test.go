@@ -24,7 +24,7 @@ func TestParseRunDefaults(t *testing.T) {
 	}
 	def := live.DefaultConfig()
 	if cfg.Requests != 10 || cfg.Producers != 2 || cfg.WaitAvg != time.Second || cfg.WaitStddev != 500*time.Millisecond ||
-		cfg.Labels != 4 || !slices.Equal(cfg.TaskTypes, []string{"sample_task"}) || cfg.SyncShare != 1 || cfg.Seed != 1 ||
+		cfg.Labels != 4 || len(cfg.TaskTypes) != 0 || cfg.Backend != "" || cfg.SyncShare != 1 || cfg.Seed != 1 ||
 		cfg.TimeScale != 1 || cfg.NumWorkers != 2 || cfg.RandomDispatch || cfg.SimLoadTime != def.SimLoadTime ||
 		cfg.SimRunTime != def.SimRunTime || cfg.Compare || cfg.JSON {
 		t.Errorf("defaults: %+v", cfg)
@@ -147,5 +147,21 @@ func TestSimulateCommand(t *testing.T) {
 	}
 	if code := run(t.Context(), []string{"simulate", "--policies", "fastest"}, env(nil), &out, &errOut); code != 2 {
 		t.Fatalf("unknown policy: exit %d", code)
+	}
+}
+
+// BACKEND and --backend choose the agents' backend; a bad one names the flag.
+func TestParseRunBackend(t *testing.T) {
+	t.Parallel()
+	cfg, err := parseRun(nil, env(map[string]string{"BACKEND": "triton"}), &bytes.Buffer{})
+	if err != nil || cfg.Backend != live.BackendTriton {
+		t.Fatalf("BACKEND=triton: backend %q, err %v", cfg.Backend, err)
+	}
+	cfg, err = parseRun([]string{"--backend", "sim", "--task-types", "a,b"}, env(map[string]string{"BACKEND": "triton"}), &bytes.Buffer{})
+	if err != nil || cfg.Backend != live.BackendSim || !slices.Equal(cfg.TaskTypes, []string{"a", "b"}) {
+		t.Fatalf("--backend sim over BACKEND: %+v, %v", cfg.Backend, err)
+	}
+	if _, err := parseRun([]string{"--backend", "gpu"}, env(nil), &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), "--backend") {
+		t.Fatalf("--backend gpu: err %v", err)
 	}
 }

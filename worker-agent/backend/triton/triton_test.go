@@ -271,7 +271,9 @@ func TestUnloadWaitsForUnloadingToEnd(t *testing.T) {
 func TestUnloadTimesOut(t *testing.T) {
 	t.Parallel()
 	x := setup(t, fake.Config{Models: []string{"a"}, Preload: []string{"a"}}, func(c *triton.Config) {
-		c.UnloadTimeout = 20 * time.Millisecond
+		// The unload request itself must finish inside the timeout, even on a loaded
+		// machine; the fake then holds the model in UNLOADING until the timeout passes.
+		c.UnloadTimeout = 500 * time.Millisecond
 	})
 	defer x.fake.HoldUnloads("a")()
 	err := x.b.Unload(t.Context(), "a")
