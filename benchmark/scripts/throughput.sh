@@ -5,7 +5,9 @@
 # run time and log only warnings, like the relay's in-process workers. Environment:
 # WORKERS (8), SLOTS per agent (1), AGENT_PROCS (1: all agents in one process).
 #   benchmark/scripts/throughput.sh [ROUNDS] [DURATION] [CONNECTIONS]
-# Needs wrk (apt-get install wrk).
+# Besides req/s and latency, each row has the CPU time per request (µs, from /proc) of
+# our dispatcher and agents and of the whole relay: on a shared machine it is the
+# steadier measure of what each costs. Needs wrk (apt-get install wrk).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROUNDS=${1:-3}; DURATION=${2:-10s}; CONNS=${3:-64}; WORKERS=${WORKERS:-8}
@@ -18,6 +20,7 @@ go build -o "$BIN/" ./dispatcher/cmd/dispatcher ./worker-agent/cmd/worker-agent
 LUA="$RELAY_DIR/post.lua"
 
 "$BIN/dispatcher" --addr 127.0.0.1:18080 --log-level warn >"$BIN/dispatcher.log" 2>&1 &
+OURS_PIDS=$!
 # Agents run in one process (--agents), as the relay's workers run inside the relay;
 # AGENT_PROCS=$WORKERS runs one process per agent instead.
 AGENT_PROCS=${AGENT_PROCS:-1}
@@ -25,8 +28,10 @@ per=$(( WORKERS / AGENT_PROCS ))
 for p in $(seq 1 "$AGENT_PROCS"); do
   "$BIN/worker-agent" --dispatcher-url ws://127.0.0.1:18080/worker-listen --worker-id tp-$p --agents "$per" \
     --slots "${SLOTS:-1}" --max-labels 5 --sim-load-time 0 --sim-run-time 0 --log-level warn >"$BIN/agent-$p.log" 2>&1 &
+  OURS_PIDS="$OURS_PIDS $!"
 done
 "$BIN/relay-limit" -addr 127.0.0.1:18099 -workers "$WORKERS" >"$BIN/relay.log" 2>&1 &
+RELAY_PIDS=$!
 # Readiness: our /workers lists every agent, and the relay says its workers are in.
 # (Never probe the relay with a request before that: a request that finds no relay
 # worker panics while holding the relay's lock and deadlocks it.)
@@ -39,18 +44,31 @@ if [ "$n" != "$WORKERS" ] || ! grep -q "workers connected" "$BIN/relay.log"; the
   echo "not ready: $n/$WORKERS agents on the dispatcher; relay log:" >&2; cat "$BIN/relay.log" "$BIN/dispatcher.log" >&2; exit 1
 fi
 
-rate() { wrk -t2 -c"$CONNS" -d"$DURATION" --latency -s "$LUA" "$1" | tee -a "$BIN/wrk.txt" |
-  awk '/Requests\/sec/{r=$2} /^ +50%/{p50=$2} /^ +99%/{p99=$2} /Non-2xx/{bad=$4} END{printf "%s %s %s %s\n", r, p50, p99, bad+0}'; }
+# CPU time (user+system, clock ticks) of a set of processes, from /proc: the cost per
+# request is steadier than req/s on a shared machine, where other load takes cycles.
+ticks() { local t=0; for p in $1; do t=$(( t + $(awk '{print $14+$15}' "/proc/$p/stat") )); done; echo "$t"; }
+HZ=$(getconf CLK_TCK)
+# rate URL PIDS prints: req/s p50 p99 non-2xx cpu-µs-per-request
+rate() {
+  local t0 t1 out
+  t0=$(ticks "$2")
+  out=$(wrk -t2 -c"$CONNS" -d"$DURATION" --latency -s "$LUA" "$1" | tee -a "$BIN/wrk.txt")
+  t1=$(ticks "$2")
+  echo "$out" | awk -v dt=$(( t1 - t0 )) -v hz="$HZ" '/requests in/{n=$1} /Requests\/sec/{r=$2} /^ +50%/{p50=$2} /^ +99%/{p99=$2} /Non-2xx/{bad=$4}
+    END{printf "%s %s %s %s %.1f\n", r, p50, p99, bad+0, dt*1e6/hz/n}'
+}
 # Warm both up so that the first round is not paying for page faults and JIT-free cold caches.
 wrk -t2 -c"$CONNS" -d2s -s "$LUA" http://127.0.0.1:18080/run-task >/dev/null
 wrk -t2 -c"$CONNS" -d2s -s "$LUA" http://127.0.0.1:18099/run-task >/dev/null
-printf '%-6s %-12s %-10s %-10s %-8s %-12s %-10s %-10s %s\n' round ours_rps ours_p50 ours_p99 ours_err relay_rps relay_p50 relay_p99 ratio
-sum_ratio=0
+printf '%-6s %-10s %-9s %-9s %-8s %-9s %-10s %-9s %-9s %-9s %-7s %s\n' round ours_rps ours_p50 ours_p99 ours_err ours_cpu relay_rps relay_p50 relay_p99 relay_cpu ratio cpu_ratio
+sum_ratio=0; sum_cpu=0
 for r in $(seq 1 "$ROUNDS"); do
-  read -r o50 o_p50 o_p99 o_err < <(rate http://127.0.0.1:18080/run-task)
-  read -r r50 r_p50 r_p99 r_err < <(rate http://127.0.0.1:18099/run-task)
+  read -r o50 o_p50 o_p99 o_err o_cpu < <(rate http://127.0.0.1:18080/run-task "$OURS_PIDS")
+  read -r r50 r_p50 r_p99 r_err r_cpu < <(rate http://127.0.0.1:18099/run-task "$RELAY_PIDS")
   ratio=$(awk -v a="$o50" -v b="$r50" 'BEGIN{printf "%.3f", a/b}')
+  cpu_ratio=$(awk -v a="$r_cpu" -v b="$o_cpu" 'BEGIN{printf "%.3f", a/b}')
   sum_ratio=$(awk -v s="$sum_ratio" -v x="$ratio" 'BEGIN{print s+x}')
-  printf '%-6s %-12s %-10s %-10s %-8s %-12s %-10s %-10s %s\n' "$r" "$o50" "$o_p50" "$o_p99" "$o_err" "$r50" "$r_p50" "$r_p99" "$ratio"
+  sum_cpu=$(awk -v s="$sum_cpu" -v x="$cpu_ratio" 'BEGIN{print s+x}')
+  printf '%-6s %-10s %-9s %-9s %-8s %-9s %-10s %-9s %-9s %-9s %-7s %s\n' "$r" "$o50" "$o_p50" "$o_p99" "$o_err" "$o_cpu" "$r50" "$r_p50" "$r_p99" "$r_cpu" "$ratio" "$cpu_ratio"
 done
-awk -v s="$sum_ratio" -v n="$ROUNDS" 'BEGIN{printf "mean ratio ours/relay: %.3f over %d rounds\n", s/n, n}'
+awk -v s="$sum_ratio" -v c="$sum_cpu" -v n="$ROUNDS" 'BEGIN{printf "mean ratio ours/relay: %.3f req/s, %.3f CPU per request (relay/ours) over %d rounds\n", s/n, c/n, n}'
