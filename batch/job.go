@@ -357,8 +357,8 @@ func (j *job) fill() error {
 }
 
 // pick takes the next item to issue: reissues first, then the pool. In label order
-// it keeps taking the current label's lines while the pool has any, then switches to
-// the label of the oldest pool line, so no line waits for more than one pass.
+// it keeps taking the current label's lines, then switches to the label of the oldest
+// line not issued, so no line waits for more than one pass over the look-ahead.
 func (j *job) pick() *item {
 	if len(j.retry) > 0 {
 		it := j.retry[0]
@@ -368,13 +368,16 @@ func (j *job) pick() *item {
 	if j.pending == 0 {
 		return nil
 	}
-	if j.cfg.Order == OrderLabel {
-		if it := j.popLabel(j.curLabel); it != nil {
-			return it
-		}
-	}
 	for j.fifo[0].issued {
 		j.fifo = j.fifo[1:]
+	}
+	if j.cfg.Order == OrderLabel {
+		// The current label's lines are taken only within Lookahead lines of the oldest
+		// one not issued: a popular label must not starve the others while the pool
+		// refills with it.
+		if q := j.byLabel[j.curLabel]; len(q) > 0 && q[0].line < j.fifo[0].line+int64(j.cfg.Lookahead) {
+			return j.popLabel(j.curLabel)
+		}
 	}
 	it := j.fifo[0]
 	j.fifo = j.fifo[1:]

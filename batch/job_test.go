@@ -257,7 +257,7 @@ func TestReissueOnTimeout(t *testing.T) {
 		return http.StatusOK, ""
 	})
 	cfg := setup(t, f, taskLines(6))
-	cfg.WorkTimeout = 100 * time.Millisecond
+	cfg.WorkTimeout = 300 * time.Millisecond
 	s := run(t, cfg)
 	checkOutput(t, cfg.Output, 6)
 	reqs := f.requests(3)
@@ -366,7 +366,7 @@ func TestQueryOfDeathBoundedAndRejected(t *testing.T) {
 		return http.StatusOK, ""
 	})
 	cfg := setup(t, f, taskLines(30))
-	cfg.WorkTimeout, cfg.MaxAttempts, cfg.MaxOutOfOrder, cfg.Lookahead = 50*time.Millisecond, 2, 5, 5
+	cfg.WorkTimeout, cfg.MaxAttempts, cfg.MaxOutOfOrder, cfg.Lookahead = 500*time.Millisecond, 2, 5, 5
 	s := run(t, cfg)
 	checkOutput(t, cfg.Output, 30, 1)
 	f.mu.Lock()
@@ -385,5 +385,99 @@ func TestQueryOfDeathBoundedAndRejected(t *testing.T) {
 	}
 	if s.Rejected != 1 || f.seen[1] != 2 {
 		t.Errorf("line 1 requested %d times, %d rejected; want 2 and 1", f.seen[1], s.Rejected)
+	}
+}
+
+func TestBadInputLinesGoToRejectedAndTheJobGoesOn(t *testing.T) {
+	t.Parallel()
+	f := newFakeDispatcher(t, func(_ context.Context, req runTaskBody, _, _ int) (int, string) {
+		if req.Label == "bad label" { // the dispatcher's own rule: a 400 is not retried
+			return http.StatusBadRequest, `{"error":"label may hold only printable ASCII without spaces"}`
+		}
+		return http.StatusOK, ""
+	})
+	lines := taskLines(8)
+	lines[1] = `this is not JSON`
+	lines[3] = `{"task_type":"sample_task","parameters":{"n":4}}`
+	lines[4] = `{"id":5,"label":"label-1","task_type":"sample_task","parameters":{"n":5,"pad":"` + strings.Repeat("x", 200) + `"}}`
+	lines[6] = `{"id":7,"label":"bad label","task_type":"sample_task","parameters":{"n":7}}`
+	cfg := setup(t, f, lines)
+	cfg.MaxLineBytes = 150
+	var bar syncBuffer
+	cfg.Progress = &bar
+	s := run(t, cfg)
+	checkOutput(t, cfg.Output, 8, 2, 4, 5, 7)
+	want := map[int64]string{2: "not a JSON object", 4: "missing label", 5: "limit is 150", 7: "dispatcher refused the task (400)"}
+	rej := readLines(t, cfg.Output+".rejected.jsonl")
+	if len(rej) != len(want) {
+		t.Fatalf("rejected file has %d lines, want %d: %q", len(rej), len(want), rej)
+	}
+	for _, l := range rej {
+		var r rejectedLine
+		if err := json.Unmarshal([]byte(l), &r); err != nil || !strings.Contains(r.Reason, want[r.Line]) {
+			t.Errorf("rejected line %q: want line with reason %q (%v)", l, want[r.Line], err)
+		}
+	}
+	if len(f.requests(7)) != 1 {
+		t.Errorf("a task the dispatcher refused with 400 was retried")
+	}
+	if s.Rejected != 4 || s.Completed != 4 {
+		t.Errorf("summary %+v", s)
+	}
+	if !strings.Contains(bar.String(), "8/8") {
+		t.Errorf("progress bar %q does not show 8/8", bar.String())
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the progress bar's writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestLabelOrderGroupsSubmissions(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		order    Order
+		switches int // most label changes between consecutive submissions
+	}{
+		{OrderFile, 23}, // a b c a b c ...: every submission changes label
+		{OrderLabel, 5}, // at most: two windows of 12 lines, 3 labels each
+	} {
+		t.Run(string(tt.order), func(t *testing.T) {
+			t.Parallel()
+			f := newFakeDispatcher(t, nil)
+			cfg := setup(t, f, taskLines(24, "a", "b", "c"))
+			cfg.Concurrency, cfg.Order, cfg.Lookahead, cfg.MaxOutOfOrder = 1, tt.order, 12, 12
+			run(t, cfg)
+			checkOutput(t, cfg.Output, 24)
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			switches := 0
+			for i := 1; i < len(f.reqs); i++ {
+				if f.reqs[i].Label != f.reqs[i-1].Label {
+					switches++
+				}
+			}
+			if switches > tt.switches || (tt.order == OrderFile && switches != tt.switches) {
+				var labels []string
+				for _, r := range f.reqs {
+					labels = append(labels, r.Label)
+				}
+				t.Errorf("%d label switches in %v, want at most %d", switches, labels, tt.switches)
+			}
+		})
 	}
 }
