@@ -50,8 +50,11 @@ type Config struct {
 	// before it goes to the rejected file. Default 3.
 	MaxAttempts int
 	// Lookahead is how many read but not yet issued lines the label-aware order chooses
-	// from. Default 1000; at most MaxOutOfOrder.
+	// from. Default half of MaxOutOfOrder (5000).
 	Lookahead int
+	// LabelsAtOnce is how many labels the label order issues in turn; about the
+	// number of labels the fleet holds at once serves best. Default 8.
+	LabelsAtOnce int
 	// MaxOutOfOrder bounds the lines held between the oldest unwritten line and the
 	// newest read one (results waiting for an earlier line, and lines in flight or not
 	// issued yet). Reading stops when it is full. Default 10000.
@@ -104,8 +107,9 @@ func (c Config) WithDefaults() Config {
 		c.WorkTimeout = 5 * time.Minute
 	}
 	defInt(&c.MaxAttempts, 3)
+	defInt(&c.LabelsAtOnce, 8)
 	defInt(&c.MaxOutOfOrder, 10000)
-	defInt(&c.Lookahead, min(1000, c.MaxOutOfOrder))
+	defInt(&c.Lookahead, max(1, c.MaxOutOfOrder/2))
 	defInt(&c.MaxLineBytes, 1<<20)
 	def(&c.Fields.Label, "label")
 	def(&c.Fields.TaskType, "task_type")
@@ -150,6 +154,7 @@ func (c Config) validate() error {
 	positive("MaxAttempts", int64(c.MaxAttempts))
 	positive("Lookahead", int64(c.Lookahead))
 	positive("MaxOutOfOrder", int64(c.MaxOutOfOrder))
+	positive("LabelsAtOnce", int64(c.LabelsAtOnce))
 	positive("MaxLineBytes", int64(c.MaxLineBytes))
 	positive("CheckpointInterval", int64(c.CheckpointInterval))
 	if c.Lookahead > c.MaxOutOfOrder {

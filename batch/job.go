@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -88,7 +89,8 @@ type job struct {
 	fifo      []*item    // the look-ahead pool in line order (issued ones skipped lazily)
 	byLabel   map[string][]*item
 	pending   int    // items in the pool
-	curLabel  string // the label being issued (label order)
+	active    []pass // passes being issued in turn (label order)
+	turn      int    // index in active of the label issued last
 	retry     []*item
 	inflight  map[*item]struct{}
 	running   int // attempt goroutines alive (bounded by Concurrency)
@@ -357,8 +359,12 @@ func (j *job) fill() error {
 }
 
 // pick takes the next item to issue: reissues first, then the pool. In label order
-// it keeps taking the current label's lines, then switches to the label of the oldest
-// line not issued, so no line waits for more than one pass over the look-ahead.
+// it runs passes: a pass issues the lines of one label read so far, in line order,
+// and ends when they are all issued; LabelsAtOnce passes run in turn, so the fleet
+// serves a few labels at a time and loads each once per pass. A new pass starts with
+// the label of the oldest line not issued. Lines read during a pass wait for the
+// label's next pass instead of trickling out one by one, which would degrade to file
+// order; passes are finite, so no line waits for more than one round.
 func (j *job) pick() *item {
 	if len(j.retry) > 0 {
 		it := j.retry[0]
@@ -371,23 +377,36 @@ func (j *job) pick() *item {
 	for j.fifo[0].issued {
 		j.fifo = j.fifo[1:]
 	}
-	if j.cfg.Order == OrderLabel {
-		// The current label's lines are taken only within Lookahead lines of the oldest
-		// one not issued: a popular label must not starve the others while the pool
-		// refills with it.
-		if q := j.byLabel[j.curLabel]; len(q) > 0 && q[0].line < j.fifo[0].line+int64(j.cfg.Lookahead) {
-			return j.popLabel(j.curLabel)
+	if j.cfg.Order == OrderFile {
+		it := j.fifo[0]
+		j.fifo = j.fifo[1:]
+		it.issued = true
+		j.pending--
+		return it
+	}
+	j.active = slices.DeleteFunc(j.active, func(p pass) bool {
+		q := j.byLabel[p.label]
+		return len(q) == 0 || q[0].line > p.last
+	})
+	if len(j.active) < j.cfg.LabelsAtOnce && len(j.byLabel) > len(j.active) {
+		lastRead := j.fifo[len(j.fifo)-1].line
+		for _, it := range j.fifo {
+			if len(j.active) == j.cfg.LabelsAtOnce {
+				break
+			}
+			if !it.issued && !slices.ContainsFunc(j.active, func(p pass) bool { return p.label == it.task.label }) {
+				j.active = append(j.active, pass{label: it.task.label, last: lastRead})
+			}
 		}
 	}
-	it := j.fifo[0]
-	j.fifo = j.fifo[1:]
-	if j.cfg.Order == OrderLabel {
-		j.curLabel = it.task.label
-		return j.popLabel(j.curLabel) // it: both lists are in line order
-	}
-	it.issued = true
-	j.pending--
-	return it
+	j.turn = (j.turn + 1) % len(j.active) // never empty: the oldest line starts a pass
+	return j.popLabel(j.active[j.turn].label)
+}
+
+// pass is a label being issued, up to its last line read when the pass began.
+type pass struct {
+	label string
+	last  int64
 }
 
 func (j *job) popLabel(label string) *item {

@@ -460,7 +460,7 @@ func TestLabelOrderGroupsSubmissions(t *testing.T) {
 			t.Parallel()
 			f := newFakeDispatcher(t, nil)
 			cfg := setup(t, f, taskLines(24, "a", "b", "c"))
-			cfg.Concurrency, cfg.Order, cfg.Lookahead, cfg.MaxOutOfOrder = 1, tt.order, 12, 12
+			cfg.Concurrency, cfg.Order, cfg.Lookahead, cfg.MaxOutOfOrder, cfg.LabelsAtOnce = 1, tt.order, 12, 12, 1
 			run(t, cfg)
 			checkOutput(t, cfg.Output, 24)
 			f.mu.Lock()
