@@ -183,8 +183,10 @@ func (j *job) open() error {
 	}
 	if !ok {
 		// A fresh job must not clobber results it cannot account for.
-		if fi, err := os.Stat(j.cfg.Output); err == nil && fi.Size() > 0 {
-			return fmt.Errorf("output %s exists and there is no checkpoint %s: remove the output to start over", j.cfg.Output, j.cfg.Checkpoint)
+		for _, p := range []string{j.cfg.Output, j.cfg.Rejected} {
+			if fi, err := os.Stat(p); err == nil && fi.Size() > 0 {
+				return fmt.Errorf("%s exists and there is no checkpoint %s: remove it to start over", p, j.cfg.Checkpoint)
+			}
 		}
 		cp = checkpoint{JobID: newJobID()}
 		// The checkpoint comes first: from now on the files are ours to truncate.

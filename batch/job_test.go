@@ -481,3 +481,30 @@ func TestLabelOrderGroupsSubmissions(t *testing.T) {
 		})
 	}
 }
+
+func TestFreshJobRefusesExistingOutput(t *testing.T) {
+	t.Parallel()
+	f := newFakeDispatcher(t, nil)
+	cfg := setup(t, f, taskLines(2))
+	if err := os.WriteFile(cfg.Output, []byte("{\"someone's\":\"results\"}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Run(context.Background(), cfg)
+	if err == nil || !strings.Contains(err.Error(), "no checkpoint") {
+		t.Fatalf("Run over an existing output without a checkpoint: %v", err)
+	}
+	if b, _ := os.ReadFile(cfg.Output); string(b) != "{\"someone's\":\"results\"}\n" {
+		t.Errorf("the existing output was changed: %q", b)
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	t.Parallel()
+	cfg := Config{Input: "a", Output: "a", Order: "random", ControlAddr: "0.0.0.0:9000", Lookahead: 20, MaxOutOfOrder: 10}.WithDefaults()
+	err := cfg.validate()
+	for _, want := range []string{"four different files", "Order must be", "ControlAddr must be a loopback", "Lookahead (20) must not exceed MaxOutOfOrder (10)"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("validate: %v; want a message containing %q", err, want)
+		}
+	}
+}
