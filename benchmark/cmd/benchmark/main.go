@@ -100,6 +100,10 @@ commands:
             (benchmark run -h lists the flags)
   simulate  replay a scenario through routing policies on a virtual clock
             (benchmark simulate -h lists the flags)
+  batch-compare
+            run a batch job with label-aware order and in file order on fresh
+            simulated fleets; print label loads and wall time
+            (benchmark batch-compare -h lists the flags)
 `
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
@@ -128,6 +132,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return 0
 	case "simulate":
 		return simulate(args[1:], stdout, stderr)
+	case "batch-compare":
+		return batchCompare(ctx, args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0
@@ -180,22 +186,9 @@ func parseRun(args []string, getenv func(string) string, stderr io.Writer) (live
 	fs.Int64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the producers and agents")
 	fs.Float64Var(&cfg.TimeScale, "time-scale", cfg.TimeScale, "multiplies every duration of the workload")
 	fs.DurationVar(&cfg.RequestTimeout, "request-timeout", cfg.RequestTimeout, "bound on one request; 0 for none")
-	fs.IntVar(&cfg.NumWorkers, "num-workers", cfg.NumWorkers, "worker agents (env NUM_WORKERS)")
-	fs.IntVar(&cfg.MaxLabels, "max-labels", cfg.MaxLabels, "labels each agent holds at once")
-	fs.IntVar(&cfg.Slots, "slots", cfg.Slots, "tasks each agent runs at once")
+	addClusterFlags(fs, &cfg)
 	fs.BoolVar(&cfg.RandomDispatch, "random-dispatch", cfg.RandomDispatch, "random dispatch instead of routing (env RANDOM_DISPATCH)")
 	fs.BoolVar(&cfg.Compare, "compare", false, "run routing then random dispatch and compare")
-	fs.DurationVar(&cfg.SimLoadTime, "sim-load-time", cfg.SimLoadTime, "simulated label load time")
-	fs.DurationVar(&cfg.SimLoadJitter, "sim-load-jitter", cfg.SimLoadJitter, "simulated load time jitter")
-	fs.DurationVar(&cfg.SimRunTime, "sim-run-time", cfg.SimRunTime, "simulated run time")
-	fs.DurationVar(&cfg.SimRunJitter, "sim-run-jitter", cfg.SimRunJitter, "simulated run time jitter")
-	fs.DurationVar(&cfg.TaskTimeout, "task-timeout", cfg.TaskTimeout, "dispatcher --task-timeout; 0 keeps its default")
-	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "dispatcher log level")
-	fs.StringVar(&cfg.RepoDir, "repo", "", "repository to build from (default: go.work at or above the working directory)")
-	fs.StringVar(&cfg.BinDir, "bin-dir", "", "use prebuilt dispatcher and worker-agent binaries from this directory")
-	fs.StringVar(&cfg.OutDir, "out", "", "directory for logs and records (default: a new temporary directory)")
-	fs.DurationVar(&cfg.ReadyTimeout, "ready-timeout", cfg.ReadyTimeout, "bound on the dispatcher and workers becoming ready")
-	fs.DurationVar(&cfg.StopTimeout, "stop-timeout", cfg.StopTimeout, "grace after SIGTERM before SIGKILL")
 	fs.BoolVar(&cfg.JSON, "json", false, "print the result as JSON on stdout")
 	fs.StringVar(&cfg.ChartPath, "chart", "", "write an SVG chart of the comparison to this file (needs --compare)")
 	quiet := fs.Bool("quiet", false, "no log lines on stderr")
@@ -220,6 +213,24 @@ func parseRun(args []string, getenv func(string) string, stderr io.Writer) (live
 			With().Timestamp().Str("component", "benchmark").Logger()
 	}
 	return cfg, cfg.Validate()
+}
+
+// addClusterFlags registers the flags of the fleet a live run starts.
+func addClusterFlags(fs *flag.FlagSet, cfg *live.Config) {
+	fs.IntVar(&cfg.NumWorkers, "num-workers", cfg.NumWorkers, "worker agents (env NUM_WORKERS)")
+	fs.IntVar(&cfg.MaxLabels, "max-labels", cfg.MaxLabels, "labels each agent holds at once")
+	fs.IntVar(&cfg.Slots, "slots", cfg.Slots, "tasks each agent runs at once")
+	fs.DurationVar(&cfg.SimLoadTime, "sim-load-time", cfg.SimLoadTime, "simulated label load time")
+	fs.DurationVar(&cfg.SimLoadJitter, "sim-load-jitter", cfg.SimLoadJitter, "simulated load time jitter")
+	fs.DurationVar(&cfg.SimRunTime, "sim-run-time", cfg.SimRunTime, "simulated run time")
+	fs.DurationVar(&cfg.SimRunJitter, "sim-run-jitter", cfg.SimRunJitter, "simulated run time jitter")
+	fs.DurationVar(&cfg.TaskTimeout, "task-timeout", cfg.TaskTimeout, "dispatcher --task-timeout; 0 keeps its default")
+	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "dispatcher log level")
+	fs.StringVar(&cfg.RepoDir, "repo", "", "repository to build from (default: go.work at or above the working directory)")
+	fs.StringVar(&cfg.BinDir, "bin-dir", "", "use prebuilt dispatcher and worker-agent binaries from this directory")
+	fs.StringVar(&cfg.OutDir, "out", "", "directory for logs and records (default: a new temporary directory)")
+	fs.DurationVar(&cfg.ReadyTimeout, "ready-timeout", cfg.ReadyTimeout, "bound on the dispatcher and workers becoming ready")
+	fs.DurationVar(&cfg.StopTimeout, "stop-timeout", cfg.StopTimeout, "grace after SIGTERM before SIGKILL")
 }
 
 // scenarioArg finds --scenario's value among the arguments (before flag parsing).

@@ -1,0 +1,96 @@
+package batch
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+)
+
+// checkpoint is the durable progress of a job. Everything it counts is on disk: the
+// output and rejected files are fsynced before it is written, and it is replaced
+// atomically, so after any crash the files hold at least what it records. Resuming
+// cuts them back to these sizes and seeks the input; nothing is rescanned.
+type checkpoint struct {
+	// JobID prefixes the task ids, so a resumed job's resubmissions attach to runs the
+	// dispatcher still has in flight or answered recently.
+	JobID string `json:"job_id"`
+	// InputOffset is where the next unwritten line starts in the input.
+	InputOffset int64 `json:"input_offset"`
+	// Lines is how many input lines are written (to output, and to rejected when so).
+	Lines int64 `json:"lines"`
+	// OutputSize and RejectedSize are the files' sizes after those lines.
+	OutputSize   int64 `json:"output_size"`
+	RejectedSize int64 `json:"rejected_size"`
+	// Done is set once every line of the input is written.
+	Done bool `json:"done"`
+}
+
+// newJobID is a random id for a fresh job.
+func newJobID() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails
+	return "batch-" + hex.EncodeToString(b)
+}
+
+// loadCheckpoint reads path; ok is false when there is none.
+func loadCheckpoint(path string) (cp checkpoint, ok bool, err error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return checkpoint{}, false, nil
+	}
+	if err != nil {
+		return checkpoint{}, false, fmt.Errorf("reading checkpoint: %w", err)
+	}
+	if err := json.Unmarshal(b, &cp); err != nil {
+		return checkpoint{}, false, fmt.Errorf("checkpoint %s is corrupt: %w", path, err)
+	}
+	if cp.JobID == "" || cp.InputOffset < 0 || cp.Lines < 0 || cp.OutputSize < 0 || cp.RejectedSize < 0 {
+		return checkpoint{}, false, fmt.Errorf("checkpoint %s is corrupt: %s", path, b)
+	}
+	return cp, true, nil
+}
+
+// save replaces path with cp atomically: a temporary file, fsynced, renamed over it,
+// then the directory fsynced so the rename itself survives a power cut.
+func (cp checkpoint) save(path string) error {
+	b, err := json.Marshal(cp)
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return fmt.Errorf("writing checkpoint: %w", err)
+	}
+	_, err = f.Write(append(b, '\n'))
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err == nil {
+		err = syncDir(filepath.Dir(path))
+	}
+	if err != nil {
+		return fmt.Errorf("writing checkpoint: %w", err)
+	}
+	return nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}

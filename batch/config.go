@@ -1,0 +1,179 @@
+// Package batch runs a JSON-lines file of tasks through the dispatcher and writes a
+// JSON-lines file of results, line n for input line n, each exactly once, resumable
+// from a checkpoint after any stop (see README "Batch jobs").
+package batch
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// Order is how items are submitted.
+type Order string
+
+const (
+	// OrderLabel groups submissions by label within the look-ahead window, so the fleet
+	// loads each label as few times as possible.
+	OrderLabel Order = "label"
+	// OrderFile submits in file order (the comparison baseline).
+	OrderFile Order = "file"
+)
+
+// Config of a batch job. Zero values take the documented defaults (WithDefaults).
+type Config struct {
+	// DispatcherURL is the dispatcher's base URL. Default http://127.0.0.1:8080.
+	DispatcherURL string
+	// APIKey, when set, is sent as "Authorization: Bearer KEY".
+	APIKey string
+	// Input is the JSON-lines file of tasks. Required.
+	Input string
+	// Output is the JSON-lines file of results. Required.
+	Output string
+	// Rejected receives the lines that could not be run, with the reason. Default
+	// <Output>.rejected.jsonl.
+	Rejected string
+	// Checkpoint records progress. Default <Output>.checkpoint.
+	Checkpoint string
+	// Concurrency is how many tasks are in flight at once. Default 64.
+	Concurrency int
+	// WorkTimeout is how long an issued item may go unanswered before it is issued
+	// again; it can be changed while the job runs (control server). Default 5m.
+	WorkTimeout time.Duration
+	// MaxAttempts is how many times an item is issued (timeouts and failed answers)
+	// before it goes to the rejected file. Default 3.
+	MaxAttempts int
+	// Lookahead is how many read but not yet issued lines the label-aware order chooses
+	// from. Default half of MaxOutOfOrder (5000).
+	Lookahead int
+	// LabelsAtOnce is how many label passes the label order issues in turn. Keep it
+	// well under the labels the fleet holds at once: on 8 agents holding 2 labels each,
+	// 3 kept loads flat where 8 let them creep back to file order's. Default 3.
+	LabelsAtOnce int
+	// MaxOutOfOrder bounds the lines held between the oldest unwritten line and the
+	// newest read one (results waiting for an earlier line, and lines in flight or not
+	// issued yet). Reading stops when it is full. Default 10000.
+	MaxOutOfOrder int
+	// MaxLineBytes is the longest input line; longer ones are rejected. Default 1 MiB,
+	// the dispatcher's body limit.
+	MaxLineBytes int
+	// Fields are the input's field names (defaults label, task_type, parameters, id).
+	Fields Fields
+	// DefaultTaskType is used for lines without a task type. Empty: the field is required.
+	DefaultTaskType string
+	// Order is OrderLabel (default) or OrderFile.
+	Order Order
+	// CheckpointInterval is how often written results are made durable and the
+	// checkpoint advanced. Default 1s.
+	CheckpointInterval time.Duration
+	// ControlAddr, when set, serves POST /work-timeout and GET /status. Off by default.
+	ControlAddr string
+	// ControlListener, when set, is used for the control server instead of ControlAddr
+	// (tests, embedding).
+	ControlListener net.Listener
+	// Progress, when set, gets a progress bar (a terminal). Nil: none.
+	Progress io.Writer
+	// Logger is the job's logger. Zero value: a disabled logger.
+	Logger zerolog.Logger
+	// HTTPClient calls the dispatcher. Nil: a client without proxy or overall timeout
+	// (the work timeout bounds each call).
+	HTTPClient *http.Client
+}
+
+// WithDefaults returns c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	def := func(s *string, v string) {
+		if *s == "" {
+			*s = v
+		}
+	}
+	defInt := func(n *int, v int) {
+		if *n == 0 {
+			*n = v
+		}
+	}
+	def(&c.DispatcherURL, "http://127.0.0.1:8080")
+	if c.Output != "" {
+		def(&c.Rejected, c.Output+".rejected.jsonl")
+		def(&c.Checkpoint, c.Output+".checkpoint")
+	}
+	defInt(&c.Concurrency, 64)
+	if c.WorkTimeout == 0 {
+		c.WorkTimeout = 5 * time.Minute
+	}
+	defInt(&c.MaxAttempts, 3)
+	defInt(&c.LabelsAtOnce, 3)
+	defInt(&c.MaxOutOfOrder, 10000)
+	defInt(&c.Lookahead, max(1, c.MaxOutOfOrder/2))
+	defInt(&c.MaxLineBytes, 1<<20)
+	def(&c.Fields.Label, "label")
+	def(&c.Fields.TaskType, "task_type")
+	def(&c.Fields.Parameters, "parameters")
+	def(&c.Fields.ID, "id")
+	if c.Order == "" {
+		c.Order = OrderLabel
+	}
+	if c.CheckpointInterval == 0 {
+		c.CheckpointInterval = time.Second
+	}
+	if c.HTTPClient == nil {
+		c.HTTPClient = &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: c.Concurrency}}
+	}
+	return c
+}
+
+// validate reports every problem, each naming its field.
+func (c Config) validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if u, err := url.Parse(c.DispatcherURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		bad("DispatcherURL must be an http(s) URL, got %q", c.DispatcherURL)
+	}
+	if c.Input == "" {
+		bad("Input is required")
+	}
+	if c.Output == "" {
+		bad("Output is required")
+	}
+	if c.Output != "" && (c.Output == c.Input || c.Rejected == c.Input || c.Checkpoint == c.Input ||
+		c.Rejected == c.Output || c.Checkpoint == c.Output || c.Checkpoint == c.Rejected) {
+		bad("Input, Output, Rejected and Checkpoint must be four different files")
+	}
+	positive := func(name string, v int64) {
+		if v <= 0 {
+			bad("%s must be positive, got %d", name, v)
+		}
+	}
+	positive("Concurrency", int64(c.Concurrency))
+	positive("WorkTimeout", int64(c.WorkTimeout))
+	positive("MaxAttempts", int64(c.MaxAttempts))
+	positive("Lookahead", int64(c.Lookahead))
+	positive("MaxOutOfOrder", int64(c.MaxOutOfOrder))
+	positive("LabelsAtOnce", int64(c.LabelsAtOnce))
+	positive("MaxLineBytes", int64(c.MaxLineBytes))
+	positive("CheckpointInterval", int64(c.CheckpointInterval))
+	if c.Lookahead > c.MaxOutOfOrder {
+		bad("Lookahead (%d) must not exceed MaxOutOfOrder (%d): look-ahead lines are held in the same window", c.Lookahead, c.MaxOutOfOrder)
+	}
+	if c.ControlAddr != "" {
+		host, _, err := net.SplitHostPort(c.ControlAddr)
+		if ip := net.ParseIP(host); err != nil || (host != "localhost" && (ip == nil || !ip.IsLoopback())) {
+			bad("ControlAddr must be a loopback host:port (the control API has no authentication), got %q", c.ControlAddr)
+		}
+	}
+	if c.Order != OrderLabel && c.Order != OrderFile {
+		bad("Order must be %q or %q, got %q", OrderLabel, OrderFile, c.Order)
+	}
+	for name, v := range map[string]string{"Fields.Label": c.Fields.Label, "Fields.TaskType": c.Fields.TaskType, "Fields.Parameters": c.Fields.Parameters, "Fields.ID": c.Fields.ID} {
+		if v == "" {
+			bad("%s must not be empty", name)
+		}
+	}
+	return errors.Join(errs...)
+}

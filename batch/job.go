@@ -1,0 +1,747 @@
+package batch
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+	"github.com/rs/zerolog"
+	"github.com/schollz/progressbar/v3"
+)
+
+// Summary is what a run did.
+type Summary struct {
+	JobID string `json:"job_id"`
+	// StartLine is the first line this run read (1 for a fresh job).
+	StartLine int64 `json:"start_line"`
+	// Lines is how many input lines this run wrote, completed or rejected.
+	Lines     int64 `json:"lines"`
+	Completed int64 `json:"completed"`
+	Rejected  int64 `json:"rejected"`
+	// LabelMisses counts completed tasks that had to load their label, as the
+	// dispatcher answered (label_miss): the fleet's label loads for this job.
+	LabelMisses int64 `json:"label_misses"`
+	// Issued counts submissions, reissues included; Reissued those after a timeout or a
+	// failed answer.
+	Issued   int64   `json:"issued"`
+	Reissued int64   `json:"reissued"`
+	Seconds  float64 `json:"seconds"`
+	PerSec   float64 `json:"items_per_second"`
+	Order    Order   `json:"order"`
+}
+
+// item is one input line on its way to the output. Owned by the run loop; attempt
+// goroutines get copies of what they need.
+type item struct {
+	line int64 // 1-based
+	end  int64 // input offset just after the line
+	raw  []byte
+	task lineTask
+
+	issued   bool // taken from the look-ahead pool
+	attempts int  // issues that timed out or got a failed answer
+	failures int  // failed answers: each moves the item to a fresh task id
+	lastErr  string
+	seq      int // the current attempt; reports of other attempts are stale
+	inFlight bool
+	issuedAt time.Time
+	cancel   context.CancelFunc
+
+	done bool
+	out  []byte // the output line, newline included
+	rej  []byte // the rejected file's line, when rejected
+}
+
+// report is an attempt's outcome: the HTTP status and body, or err when no answer came.
+type report struct {
+	it     *item
+	seq    int
+	status int
+	body   []byte
+	err    error
+}
+
+type job struct {
+	cfg       Config
+	log       zerolog.Logger
+	runTask   string
+	cp        checkpoint
+	jobID     string // set once by open, before the control server starts
+	in        *os.File
+	lr        *lineReader
+	eof       bool
+	out, rej  *os.File
+	outW      *bufio.Writer
+	rejW      *bufio.Writer
+	written   checkpoint // progress written (maybe not yet durable); cp is the durable one
+	win       []*item    // lines from the oldest unwritten one, in order
+	fifo      []*item    // the look-ahead pool in line order (issued ones skipped lazily)
+	byLabel   map[string][]*item
+	pending   int    // items in the pool
+	active    []pass // passes being issued in turn (label order)
+	turn      int    // index in active of the label issued last
+	retry     []*item
+	inflight  map[*item]struct{}
+	running   int // attempt goroutines alive (bounded by Concurrency)
+	results   chan report
+	pauseTill time.Time // after "no answer" from the dispatcher: issue nothing until then
+	pausing   bool
+	bo        *backoff.ExponentialBackOff
+	bar       *progressbar.ProgressBar
+	fatal     error
+
+	// Read by the control server; written by the loop (atomics) or the server.
+	timeout        atomic.Int64 // nanoseconds
+	timeoutChanged chan struct{}
+	st             stats
+}
+
+// stats are counters the control server reads while the loop writes them.
+type stats struct {
+	lines, completed, rejected, misses, issued, reissued atomic.Int64
+	inFlight, window                                     atomic.Int64
+	nextLine                                             atomic.Int64
+}
+
+// Run runs the job in cfg until every input line is written, ctx ends, or an error
+// stops it. It resumes from the checkpoint when there is one. On a stop the written
+// results are checkpointed, so running it again carries on.
+func Run(ctx context.Context, cfg Config) (Summary, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return Summary{}, fmt.Errorf("batch config: %w", err)
+	}
+	j := &job{
+		cfg:            cfg,
+		log:            cfg.Logger.With().Str("component", "batch").Logger(),
+		runTask:        strings.TrimSuffix(cfg.DispatcherURL, "/") + "/run-task",
+		byLabel:        map[string][]*item{},
+		inflight:       map[*item]struct{}{},
+		results:        make(chan report, cfg.Concurrency),
+		timeoutChanged: make(chan struct{}, 1),
+		bo:             &backoff.ExponentialBackOff{InitialInterval: 100 * time.Millisecond, RandomizationFactor: 0.5, Multiplier: 2, MaxInterval: 5 * time.Second},
+	}
+	j.bo.Reset()
+	j.timeout.Store(int64(cfg.WorkTimeout))
+	if err := j.open(); err != nil {
+		j.closeFiles()
+		return Summary{}, err
+	}
+	defer j.closeFiles()
+	stopControl, err := j.startControl()
+	if err != nil {
+		return Summary{}, err
+	}
+	defer stopControl()
+	if cfg.Progress != nil {
+		remaining, err := countLines(cfg.Input, j.cp.InputOffset)
+		if err != nil {
+			return Summary{}, err
+		}
+		j.bar = newBar(cfg.Progress, remaining)
+	}
+	start := time.Now()
+	j.log.Info().Str("job_id", j.cp.JobID).Int64("start_line", j.cp.Lines+1).Str("order", string(cfg.Order)).Msg("batch job started")
+	err = j.loop(ctx)
+	if cerr := j.checkpoint(); err == nil {
+		err = cerr
+	}
+	if j.bar != nil {
+		_ = j.bar.Finish()
+		fmt.Fprintln(cfg.Progress)
+	}
+	s := Summary{
+		JobID: j.cp.JobID, StartLine: j.written.Lines - j.st.lines.Load() + 1,
+		Lines: j.st.lines.Load(), Completed: j.st.completed.Load(), Rejected: j.st.rejected.Load(),
+		LabelMisses: j.st.misses.Load(), Issued: j.st.issued.Load(), Reissued: j.st.reissued.Load(),
+		Seconds: time.Since(start).Seconds(), Order: cfg.Order,
+	}
+	if s.Seconds > 0 {
+		s.PerSec = float64(s.Lines) / s.Seconds
+	}
+	j.log.Info().Int64("lines", s.Lines).Int64("rejected", s.Rejected).Int64("label_misses", s.LabelMisses).Float64("seconds", s.Seconds).Err(err).Msg("batch job ended")
+	return s, err
+}
+
+// open reads the checkpoint (writing a fresh one for a new job), cuts the output and
+// rejected files back to what it records, and seeks the input.
+func (j *job) open() error {
+	cp, ok, err := loadCheckpoint(j.cfg.Checkpoint)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		// A fresh job must not clobber results it cannot account for.
+		for _, p := range []string{j.cfg.Output, j.cfg.Rejected} {
+			if fi, err := os.Stat(p); err == nil && fi.Size() > 0 {
+				return fmt.Errorf("%s exists and there is no checkpoint %s: remove it to start over", p, j.cfg.Checkpoint)
+			}
+		}
+		cp = checkpoint{JobID: newJobID()}
+		// The checkpoint comes first: from now on the files are ours to truncate.
+		if err := cp.save(j.cfg.Checkpoint); err != nil {
+			return err
+		}
+	}
+	j.cp, j.written, j.jobID = cp, cp, cp.JobID
+	if j.in, err = os.Open(j.cfg.Input); err != nil {
+		return fmt.Errorf("input: %w", err)
+	}
+	if fi, err := j.in.Stat(); err != nil {
+		return fmt.Errorf("input: %w", err)
+	} else if fi.Size() < cp.InputOffset {
+		return fmt.Errorf("input %s is %d bytes, shorter than the checkpoint's offset %d: it changed since the job started", j.cfg.Input, fi.Size(), cp.InputOffset)
+	}
+	if _, err := j.in.Seek(cp.InputOffset, io.SeekStart); err != nil {
+		return fmt.Errorf("input: %w", err)
+	}
+	j.lr = newLineReader(j.in, cp.InputOffset, j.cfg.MaxLineBytes)
+	if j.out, err = openAt(j.cfg.Output, cp.OutputSize); err != nil {
+		return err
+	}
+	if j.rej, err = openAt(j.cfg.Rejected, cp.RejectedSize); err != nil {
+		return err
+	}
+	j.outW = bufio.NewWriterSize(j.out, 256<<10)
+	j.rejW = bufio.NewWriterSize(j.rej, 64<<10)
+	j.st.nextLine.Store(cp.Lines + 1)
+	return nil
+}
+
+// openAt opens path for writing, cut back to size: anything beyond was written after
+// the last checkpoint and will be written again.
+func openAt(path string, size int64) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := f.Stat()
+	if err == nil && fi.Size() < size {
+		err = fmt.Errorf("%s is %d bytes, shorter than the checkpoint's %d: it was changed outside the job", path, fi.Size(), size)
+	}
+	if err == nil {
+		err = f.Truncate(size)
+	}
+	if err == nil {
+		_, err = f.Seek(size, io.SeekStart)
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+func (j *job) closeFiles() {
+	for _, f := range []*os.File{j.in, j.out, j.rej} {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+// loop is the one goroutine that owns the window, the pool and the files.
+func (j *job) loop(ctx context.Context) error {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	cpTick := time.NewTicker(j.cfg.CheckpointInterval)
+	defer cpTick.Stop()
+	for {
+		if err := j.fill(); err != nil {
+			return j.stop(err)
+		}
+		if err := j.flush(); err != nil {
+			return j.stop(err)
+		}
+		if j.fatal != nil {
+			return j.stop(j.fatal)
+		}
+		if j.eof && len(j.win) == 0 {
+			return nil
+		}
+		now := time.Now()
+		j.issue(ctx, now)
+		j.st.inFlight.Store(int64(len(j.inflight)))
+		j.st.window.Store(int64(len(j.win)))
+		timer.Reset(j.nextWake(now))
+		select {
+		case r := <-j.results:
+			j.handle(r)
+			for drained := false; !drained; { // take every report ready before deciding again
+				select {
+				case r := <-j.results:
+					j.handle(r)
+				default:
+					drained = true
+				}
+			}
+		case now := <-timer.C:
+			j.expire(now)
+		case <-j.timeoutChanged:
+			j.expire(time.Now())
+		case <-cpTick.C:
+			if err := j.checkpoint(); err != nil {
+				return j.stop(err)
+			}
+		case <-ctx.Done():
+			return j.stop(ctx.Err())
+		}
+	}
+}
+
+// stop cancels what is in flight and waits for the attempt goroutines, keeping the
+// results that arrive meanwhile, and returns err.
+func (j *job) stop(err error) error {
+	for it := range j.inflight {
+		it.cancel()
+	}
+	for j.running > 0 {
+		j.handle(<-j.results)
+	}
+	if ferr := j.flush(); err == nil {
+		err = ferr
+	}
+	return err
+}
+
+// nextWake is how long until the earliest in-flight deadline or the end of a pause.
+func (j *job) nextWake(now time.Time) time.Duration {
+	wake := time.Hour
+	timeout := time.Duration(j.timeout.Load())
+	for it := range j.inflight {
+		wake = min(wake, it.issuedAt.Add(timeout).Sub(now))
+	}
+	if j.pausing {
+		wake = min(wake, j.pauseTill.Sub(now))
+	}
+	return max(wake, 0)
+}
+
+// fill reads lines while the look-ahead pool and the window have room.
+func (j *job) fill() error {
+	for !j.eof && j.pending < j.cfg.Lookahead && len(j.win) < j.cfg.MaxOutOfOrder {
+		raw, end, err := j.lr.next()
+		if err == io.EOF {
+			j.eof = true
+			break
+		}
+		it := &item{line: j.st.nextLine.Load() + int64(len(j.win)), end: end}
+		j.win = append(j.win, it)
+		var tooLong *errLineTooLong
+		if errors.As(err, &tooLong) {
+			j.reject(it, err.Error())
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("reading input: %w", err)
+		}
+		it.raw = bytes.Clone(raw)
+		if it.task, err = parseLine(raw, j.cfg.Fields, j.cfg.DefaultTaskType); err != nil {
+			j.reject(it, err.Error())
+			continue
+		}
+		j.pending++
+		j.fifo = append(j.fifo, it)
+		if j.cfg.Order == OrderLabel {
+			j.byLabel[it.task.label] = append(j.byLabel[it.task.label], it)
+		}
+	}
+	return nil
+}
+
+// pick takes the next item to issue: reissues first, then the pool. In label order
+// it runs passes: a pass issues the lines of one label read so far, in line order,
+// and ends when they are all issued; LabelsAtOnce passes run in turn, so the fleet
+// serves a few labels at a time and loads each once per pass. A new pass starts with
+// the label of the oldest line not issued. Lines read during a pass wait for the
+// label's next pass instead of trickling out one by one, which would degrade to file
+// order; passes are finite, so no line waits for more than one round.
+func (j *job) pick() *item {
+	if len(j.retry) > 0 {
+		it := j.retry[0]
+		j.retry = j.retry[1:]
+		return it
+	}
+	if j.pending == 0 {
+		return nil
+	}
+	for j.fifo[0].issued {
+		j.fifo = j.fifo[1:]
+	}
+	if j.cfg.Order == OrderFile {
+		it := j.fifo[0]
+		j.fifo = j.fifo[1:]
+		it.issued = true
+		j.pending--
+		return it
+	}
+	j.active = slices.DeleteFunc(j.active, func(p pass) bool {
+		q := j.byLabel[p.label]
+		return len(q) == 0 || q[0].line > p.last
+	})
+	if len(j.active) < j.cfg.LabelsAtOnce && len(j.byLabel) > len(j.active) {
+		lastRead := j.fifo[len(j.fifo)-1].line
+		for _, it := range j.fifo {
+			if len(j.active) == j.cfg.LabelsAtOnce {
+				break
+			}
+			if !it.issued && !slices.ContainsFunc(j.active, func(p pass) bool { return p.label == it.task.label }) {
+				j.active = append(j.active, pass{label: it.task.label, last: lastRead})
+			}
+		}
+	}
+	j.turn = (j.turn + 1) % len(j.active) // never empty: the oldest line starts a pass
+	return j.popLabel(j.active[j.turn].label)
+}
+
+// pass is a label being issued, up to its last line read when the pass began.
+type pass struct {
+	label string
+	last  int64
+}
+
+func (j *job) popLabel(label string) *item {
+	q := j.byLabel[label]
+	if len(q) == 0 {
+		return nil
+	}
+	it := q[0]
+	if len(q) == 1 {
+		delete(j.byLabel, label)
+	} else {
+		j.byLabel[label] = q[1:]
+	}
+	it.issued = true
+	j.pending--
+	return it
+}
+
+// issue starts attempts while there are free slots and nothing pauses issuing.
+func (j *job) issue(ctx context.Context, now time.Time) {
+	if j.pausing {
+		if now.Before(j.pauseTill) {
+			return
+		}
+		j.pausing = false
+	}
+	for j.running < j.cfg.Concurrency {
+		it := j.pick()
+		if it == nil {
+			return
+		}
+		j.start(ctx, it, now)
+	}
+}
+
+// runTaskBody is the /run-task request.
+type runTaskBody struct {
+	TaskID         string          `json:"task_id"`
+	TaskType       string          `json:"task_type"`
+	Label          string          `json:"label"`
+	ParametersJSON json.RawMessage `json:"parameters_json,omitempty"`
+	ReturnResult   bool            `json:"return_result"`
+}
+
+// taskID is deterministic, so a reissue (or a resumed job) attaches to the run the
+// dispatcher has in flight or answered. After a failed answer, which the dispatcher
+// keeps, the item moves to a fresh id to be run again.
+func (j *job) taskID(it *item) string {
+	if it.failures == 0 {
+		return fmt.Sprintf("%s-%d", j.cp.JobID, it.line)
+	}
+	return fmt.Sprintf("%s-%d-r%d", j.cp.JobID, it.line, it.failures)
+}
+
+func (j *job) start(ctx context.Context, it *item, now time.Time) {
+	body, err := json.Marshal(runTaskBody{TaskID: j.taskID(it), TaskType: it.task.taskType, Label: it.task.label, ParametersJSON: it.task.params, ReturnResult: true})
+	if err != nil { // parameters came from a valid JSON line; cannot happen
+		j.reject(it, "encoding the task: "+err.Error())
+		return
+	}
+	actx, cancel := context.WithCancel(ctx)
+	it.seq++
+	it.inFlight, it.issuedAt, it.cancel = true, now, cancel
+	j.inflight[it] = struct{}{}
+	j.running++
+	j.st.issued.Add(1)
+	seq := it.seq
+	go func() {
+		status, b, err := j.post(actx, body)
+		j.results <- report{it: it, seq: seq, status: status, body: b, err: err}
+	}()
+}
+
+// post sends one /run-task and returns the answer; err when there is none.
+func (j *job) post(ctx context.Context, body []byte) (int, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, j.runTask, bytes.NewReader(body))
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if j.cfg.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+j.cfg.APIKey)
+	}
+	resp, err := j.cfg.HTTPClient.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return 0, nil, err
+	}
+	return resp.StatusCode, b, nil
+}
+
+// answer is the part of the dispatcher's /run-task answer the job keeps.
+type answer struct {
+	Status    string          `json:"status"`
+	WorkerID  string          `json:"worker_id"`
+	LabelMiss bool            `json:"label_miss"`
+	Result    json.RawMessage `json:"result"`
+	Error     string          `json:"error"`
+}
+
+// handle takes an attempt's report.
+func (j *job) handle(r report) {
+	j.running--
+	it := r.it
+	if r.seq != it.seq || !it.inFlight {
+		return // an attempt already timed out, or cancelled by a stop
+	}
+	it.inFlight = false
+	delete(j.inflight, it)
+	it.cancel()
+	if r.err != nil {
+		if errors.Is(r.err, context.Canceled) {
+			j.retry = append(j.retry, it) // the job is stopping; keeps the books straight
+			return
+		}
+		// No answer: the dispatcher is down or restarting. That is not the item's
+		// fault, so it is not counted; issuing pauses with backoff instead.
+		j.pause(j.bo.NextBackOff(), "no answer from the dispatcher", r.err)
+		j.retry = append(j.retry, it)
+		return
+	}
+	var a answer
+	_ = json.Unmarshal(r.body, &a) // a non-JSON body leaves a empty; the status says enough
+	msg := a.Error
+	if msg == "" {
+		msg = strings.TrimSpace(string(r.body[:min(len(r.body), 200)]))
+	}
+	switch {
+	case r.status == http.StatusOK:
+		j.bo.Reset()
+		j.complete(it, a)
+	case r.status == http.StatusBadRequest || r.status == http.StatusRequestEntityTooLarge:
+		j.reject(it, fmt.Sprintf("dispatcher refused the task (%d): %s", r.status, msg))
+	case r.status == http.StatusUnauthorized || r.status == http.StatusForbidden:
+		j.fatal = fmt.Errorf("dispatcher refused the job's credentials (%d): %s; set --api-key", r.status, msg)
+	case r.status == http.StatusTooManyRequests:
+		j.pause(j.bo.NextBackOff(), "dispatcher queue full", errors.New(msg))
+		j.retry = append(j.retry, it)
+	default:
+		it.failures++
+		j.failAttempt(it, fmt.Sprintf("dispatcher answered %d: %s", r.status, msg))
+	}
+}
+
+func (j *job) pause(d time.Duration, why string, err error) {
+	if !j.pausing {
+		j.log.Warn().Err(err).Dur("pause", d).Msg(why + "; pausing submissions")
+	}
+	j.pausing = true
+	j.pauseTill = time.Now().Add(d)
+}
+
+// expire ends the attempts whose work timeout has passed (at the current timeout, so
+// a change applies to items already issued).
+func (j *job) expire(now time.Time) {
+	timeout := time.Duration(j.timeout.Load())
+	for it := range j.inflight {
+		if now.Sub(it.issuedAt) < timeout {
+			continue
+		}
+		it.seq++ // its report, when it comes, is stale
+		it.inFlight = false
+		delete(j.inflight, it)
+		it.cancel()
+		j.failAttempt(it, fmt.Sprintf("no answer within the work timeout %s", timeout))
+	}
+}
+
+// failAttempt counts a timed-out or failed attempt: the item is issued again, or
+// rejected once it has had MaxAttempts.
+func (j *job) failAttempt(it *item, why string) {
+	it.attempts++
+	it.lastErr = why
+	if it.attempts >= j.cfg.MaxAttempts {
+		j.reject(it, fmt.Sprintf("gave up after %d attempts; last: %s", it.attempts, why))
+		return
+	}
+	j.st.reissued.Add(1)
+	j.retry = append(j.retry, it)
+}
+
+// outputLine is a line of the output file.
+type outputLine struct {
+	Line      int64           `json:"line"`
+	ID        json.RawMessage `json:"id,omitempty"`
+	Status    string          `json:"status"` // completed | rejected
+	Label     string          `json:"label,omitempty"`
+	WorkerID  string          `json:"worker_id,omitempty"`
+	LabelMiss bool            `json:"label_miss,omitempty"`
+	Result    json.RawMessage `json:"result,omitempty"`
+	Error     string          `json:"error,omitempty"`
+}
+
+// rejectedLine is a line of the rejected file.
+type rejectedLine struct {
+	Line   int64           `json:"line"`
+	ID     json.RawMessage `json:"id,omitempty"`
+	Reason string          `json:"reason"`
+	Input  string          `json:"input,omitempty"`
+}
+
+func (j *job) complete(it *item, a answer) {
+	b, err := json.Marshal(outputLine{Line: it.line, ID: it.task.id, Status: "completed", Label: it.task.label, WorkerID: a.WorkerID, LabelMiss: a.LabelMiss, Result: validOrNil(a.Result)})
+	if err != nil {
+		j.reject(it, "encoding the result: "+err.Error())
+		return
+	}
+	if a.LabelMiss {
+		j.st.misses.Add(1)
+	}
+	j.st.completed.Add(1)
+	it.done, it.out = true, append(b, '\n')
+	it.raw, it.task.params = nil, nil
+}
+
+func validOrNil(b json.RawMessage) json.RawMessage {
+	if len(b) == 0 || !json.Valid(b) {
+		return nil
+	}
+	return b
+}
+
+// reject writes a placeholder for the line in the output, so line n stays the answer
+// for input line n, and the line with the reason in the rejected file.
+func (j *job) reject(it *item, reason string) {
+	out, _ := json.Marshal(outputLine{Line: it.line, ID: it.task.id, Status: "rejected", Error: reason})
+	rej, _ := json.Marshal(rejectedLine{Line: it.line, ID: it.task.id, Reason: reason, Input: string(it.raw)})
+	j.st.rejected.Add(1)
+	it.done, it.out, it.rej = true, append(out, '\n'), append(rej, '\n')
+	it.raw, it.task.params = nil, nil
+}
+
+// flush writes the finished lines at the head of the window, in order.
+func (j *job) flush() error {
+	n := 0
+	for n < len(j.win) && j.win[n].done {
+		it := j.win[n]
+		if _, err := j.outW.Write(it.out); err != nil {
+			return fmt.Errorf("writing output: %w", err)
+		}
+		j.written.OutputSize += int64(len(it.out))
+		if it.rej != nil {
+			if _, err := j.rejW.Write(it.rej); err != nil {
+				return fmt.Errorf("writing rejected: %w", err)
+			}
+			j.written.RejectedSize += int64(len(it.rej))
+		}
+		j.written.Lines = it.line
+		j.written.InputOffset = it.end
+		j.win[n] = nil
+		n++
+	}
+	if n == 0 {
+		return nil
+	}
+	j.win = j.win[n:]
+	j.st.lines.Add(int64(n))
+	j.st.nextLine.Store(j.written.Lines + 1)
+	if j.bar != nil {
+		_ = j.bar.Add(n)
+	}
+	return nil
+}
+
+// checkpoint makes the written lines durable, then records them: output and rejected
+// flushed and fsynced first, so the checkpoint never counts bytes a crash could lose.
+func (j *job) checkpoint() error {
+	if j.written == j.cp {
+		return nil
+	}
+	for _, w := range []struct {
+		b *bufio.Writer
+		f *os.File
+	}{{j.outW, j.out}, {j.rejW, j.rej}} {
+		if err := w.b.Flush(); err != nil {
+			return fmt.Errorf("writing %s: %w", w.f.Name(), err)
+		}
+		if err := w.f.Sync(); err != nil {
+			return fmt.Errorf("syncing %s: %w", w.f.Name(), err)
+		}
+	}
+	if err := j.written.save(j.cfg.Checkpoint); err != nil {
+		return err
+	}
+	j.cp = j.written
+	return nil
+}
+
+// countLines counts the lines from offset to the end of path, for the progress bar.
+func countLines(path string, offset int64) (int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	if _, err := f.Seek(offset, io.SeekStart); err != nil {
+		return 0, err
+	}
+	var n int64
+	buf := make([]byte, 256<<10)
+	last := byte('\n')
+	for {
+		k, err := f.Read(buf)
+		if k > 0 {
+			n += int64(bytes.Count(buf[:k], []byte{'\n'}))
+			last = buf[k-1]
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return 0, err
+		}
+	}
+	if last != '\n' {
+		n++
+	}
+	return n, nil
+}
+
+func newBar(w io.Writer, total int64) *progressbar.ProgressBar {
+	return progressbar.NewOptions64(total,
+		progressbar.OptionSetWriter(w),
+		progressbar.OptionSetDescription("batch"),
+		progressbar.OptionShowCount(),
+		progressbar.OptionShowIts(),
+		progressbar.OptionSetItsString("items"),
+		progressbar.OptionSetPredictTime(true),
+		progressbar.OptionThrottle(200*time.Millisecond),
+		progressbar.OptionSetWidth(30),
+	)
+}

@@ -1,0 +1,510 @@
+package batch
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeDispatcher is a real HTTP server speaking /run-task; answer decides each reply.
+type fakeDispatcher struct {
+	srv *httptest.Server
+	// answer returns the status and body for a request; nth counts the requests for
+	// that line so far (1 for the first). It may block on ctx (the request's).
+	answer func(ctx context.Context, req runTaskBody, line, nth int) (int, string)
+
+	mu       sync.Mutex
+	reqs     []runTaskBody // in arrival order
+	seen     map[int]int   // line → requests
+	answered []int         // lines in the order their 200s were sent
+	// arrivedCh gets each line when its first request arrives.
+	arrivedCh chan int
+	// answeredCh gets each line whose 200 has been written.
+	answeredCh chan int
+}
+
+func newFakeDispatcher(t *testing.T, answer func(ctx context.Context, req runTaskBody, line, nth int) (int, string)) *fakeDispatcher {
+	t.Helper()
+	f := &fakeDispatcher{answer: answer, seen: map[int]int{}, arrivedCh: make(chan int, 100000), answeredCh: make(chan int, 100000)}
+	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req runTaskBody
+		if r.URL.Path != "/run-task" || json.NewDecoder(r.Body).Decode(&req) != nil {
+			http.Error(w, `{"error":"bad request"}`, http.StatusBadRequest)
+			return
+		}
+		line := lineOfID(req.TaskID)
+		f.mu.Lock()
+		f.reqs = append(f.reqs, req)
+		f.seen[line]++
+		nth := f.seen[line]
+		f.mu.Unlock()
+		if nth == 1 {
+			f.arrivedCh <- line
+		}
+		status, body := http.StatusOK, ""
+		if f.answer != nil {
+			status, body = f.answer(r.Context(), req, line, nth)
+		}
+		if status == http.StatusOK && body == "" {
+			body = completed(req)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		_, _ = w.Write([]byte(body))
+		if status == http.StatusOK {
+			w.(http.Flusher).Flush()
+			f.mu.Lock()
+			f.answered = append(f.answered, line)
+			f.mu.Unlock()
+			f.answeredCh <- line
+		}
+	}))
+	t.Cleanup(f.srv.Close)
+	return f
+}
+
+// completed is the dispatcher's 200 answer; the result echoes the parameters so a test
+// can tell which input line an output line answers.
+func completed(req runTaskBody) string {
+	b, _ := json.Marshal(map[string]any{"task_id": req.TaskID, "status": "completed", "label": req.Label, "worker_id": "w1",
+		"label_miss": false, "result": map[string]json.RawMessage{"echo": req.ParametersJSON}})
+	return string(b)
+}
+
+func (f *fakeDispatcher) requests(line int) []runTaskBody {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []runTaskBody
+	for _, r := range f.reqs {
+		if lineOfID(r.TaskID) == line {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// lineOfID reads the input line number out of a task id "<job>-<line>[-r<k>]".
+func lineOfID(id string) int {
+	parts := strings.Split(id, "-")
+	if strings.HasPrefix(parts[len(parts)-1], "r") {
+		parts = parts[:len(parts)-1]
+	}
+	n, _ := strconv.Atoi(parts[len(parts)-1])
+	return n
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond) // polling a condition, not synchronising
+	}
+}
+
+// taskLines are n input lines over labels, {"id": i, "label": ..., "parameters": {"n": i}}.
+func taskLines(n int, labels ...string) []string {
+	if len(labels) == 0 {
+		labels = []string{"label-1"}
+	}
+	lines := make([]string, n)
+	for i := range lines {
+		lines[i] = fmt.Sprintf(`{"id":%d,"label":%q,"task_type":"sample_task","parameters":{"n":%d}}`, i+1, labels[i%len(labels)], i+1)
+	}
+	return lines
+}
+
+// setup writes the input and returns a config pointing at f with files in a temp dir.
+func setup(t *testing.T, f *fakeDispatcher, lines []string) Config {
+	t.Helper()
+	dir := t.TempDir()
+	in := filepath.Join(dir, "in.jsonl")
+	if err := os.WriteFile(in, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return Config{DispatcherURL: f.srv.URL, Input: in, Output: filepath.Join(dir, "out.jsonl"), Concurrency: 4, CheckpointInterval: 10 * time.Millisecond}
+}
+
+func run(t *testing.T, cfg Config) Summary {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := Run(ctx, cfg)
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	return s
+}
+
+func readLines(t *testing.T, path string) []string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) == 0 {
+		return nil
+	}
+	if b[len(b)-1] != '\n' {
+		t.Fatalf("%s does not end with a newline", path)
+	}
+	return strings.Split(string(b[:len(b)-1]), "\n")
+}
+
+// checkOutput asserts the output has exactly n lines, line i answering input line i:
+// completed with the echo of parameter n=i, or rejected when i is in rejected.
+func checkOutput(t *testing.T, path string, n int, rejected ...int) {
+	t.Helper()
+	lines := readLines(t, path)
+	if len(lines) != n {
+		t.Fatalf("output has %d lines, want %d", len(lines), n)
+	}
+	for i, l := range lines {
+		var o struct {
+			outputLine
+			Result struct {
+				Echo struct{ N int } `json:"echo"`
+			} `json:"result"`
+		}
+		if err := json.Unmarshal([]byte(l), &o); err != nil {
+			t.Fatalf("output line %d is not JSON: %v: %s", i+1, err, l)
+		}
+		if o.Line != int64(i+1) {
+			t.Fatalf("output line %d says line %d", i+1, o.Line)
+		}
+		if slices.Contains(rejected, i+1) {
+			if o.Status != "rejected" || o.Error == "" {
+				t.Errorf("output line %d should be a rejected placeholder: %s", i+1, l)
+			}
+			continue
+		}
+		if o.Status != "completed" || o.Result.Echo.N != i+1 {
+			t.Errorf("output line %d is not the result for input line %d: %s", i+1, i+1, l)
+		}
+	}
+}
+
+func TestOutputInOrderWhenCompletedOutOfOrder(t *testing.T) {
+	t.Parallel()
+	for _, order := range []Order{OrderLabel, OrderFile} {
+		t.Run(string(order), func(t *testing.T) {
+			t.Parallel()
+			const n, block = 40, 8
+			// Every task waits for its gate; the gates open last line of each block first.
+			gates := make([]chan struct{}, n+1)
+			for i := range gates {
+				gates[i] = make(chan struct{})
+			}
+			f := newFakeDispatcher(t, func(ctx context.Context, _ runTaskBody, line, _ int) (int, string) {
+				select {
+				case <-gates[line]:
+				case <-ctx.Done():
+				}
+				return http.StatusOK, ""
+			})
+			go func() {
+				// Take the arrivals a block at a time and open their gates newest
+				// first, one at a time: the next opens once this answer is out, so
+				// completions really come in this order.
+				for remaining := n; remaining > 0; remaining -= block {
+					group := make([]int, min(block, remaining))
+					for i := range group {
+						group[i] = <-f.arrivedCh
+					}
+					for _, line := range slices.Backward(group) {
+						close(gates[line])
+						<-f.answeredCh
+					}
+				}
+			}()
+			cfg := setup(t, f, taskLines(n, "a", "b"))
+			cfg.Concurrency, cfg.Order, cfg.Lookahead = block, order, block
+			s := run(t, cfg)
+			checkOutput(t, cfg.Output, n)
+			f.mu.Lock()
+			answered := slices.Clone(f.answered)
+			f.mu.Unlock()
+			if slices.IsSorted(answered) {
+				t.Fatalf("the fake completed in file order %v; the test proves nothing", answered)
+			}
+			if s.Lines != n || s.Completed != n || s.Rejected != 0 {
+				t.Errorf("summary %+v", s)
+			}
+		})
+	}
+}
+
+func TestReissueOnTimeout(t *testing.T) {
+	t.Parallel()
+	f := newFakeDispatcher(t, func(ctx context.Context, _ runTaskBody, line, nth int) (int, string) {
+		if line == 3 && nth == 1 {
+			<-ctx.Done() // never answers the first attempt
+		}
+		return http.StatusOK, ""
+	})
+	cfg := setup(t, f, taskLines(6))
+	cfg.WorkTimeout = 300 * time.Millisecond
+	s := run(t, cfg)
+	checkOutput(t, cfg.Output, 6)
+	reqs := f.requests(3)
+	if len(reqs) != 2 || reqs[0].TaskID != reqs[1].TaskID {
+		t.Fatalf("line 3 was requested as %+v; want twice with one task id (the reissue attaches to the same run)", reqs)
+	}
+	if s.Reissued != 1 {
+		t.Errorf("reissued %d, want 1", s.Reissued)
+	}
+}
+
+func TestWorkTimeoutChangedWhileRunning(t *testing.T) {
+	t.Parallel()
+	f := newFakeDispatcher(t, func(ctx context.Context, _ runTaskBody, line, nth int) (int, string) {
+		if line == 2 && nth == 1 {
+			<-ctx.Done()
+		}
+		return http.StatusOK, ""
+	})
+	cfg := setup(t, f, taskLines(5))
+	cfg.WorkTimeout = time.Hour // the test would time out if the change did not apply to line 2
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ControlListener = ln
+	base := "http://" + ln.Addr().String()
+	done := make(chan Summary, 1)
+	go func() { done <- run(t, cfg) }()
+
+	waitFor(t, "line 2 to be in flight", func() bool { return len(f.requests(2)) == 1 })
+	resp, err := http.Post(base+"/work-timeout", "application/json", strings.NewReader(`{"timeout": -1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("a negative timeout got %d, want 400", resp.StatusCode)
+	}
+	resp, err = http.Post(base+"/work-timeout", "application/json", strings.NewReader(`{"timeout": 0.5}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("POST /work-timeout: %d", resp.StatusCode)
+	}
+	var st Status
+	resp, err = http.Get(base + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = json.NewDecoder(resp.Body).Decode(&st)
+	resp.Body.Close()
+	if st.WorkTimeoutSecs != 0.5 || st.JobID == "" {
+		t.Errorf("status after the change: %+v", st)
+	}
+	s := <-done
+	checkOutput(t, cfg.Output, 5)
+	if n := len(f.requests(2)); n != 2 || s.Reissued != 1 {
+		t.Fatalf("line 2 requested %d times, %d reissued; want 2 and 1", n, s.Reissued)
+	}
+}
+
+func TestRejectedAfterMaxAttempts(t *testing.T) {
+	t.Parallel()
+	f := newFakeDispatcher(t, func(ctx context.Context, _ runTaskBody, line, nth int) (int, string) {
+		if line == 2 {
+			return http.StatusBadGateway, `{"error":"worker error: out of memory"}`
+		}
+		return http.StatusOK, ""
+	})
+	cfg := setup(t, f, taskLines(4))
+	cfg.MaxAttempts = 3
+	s := run(t, cfg)
+	checkOutput(t, cfg.Output, 4, 2)
+	var ids []string
+	for _, r := range f.requests(2) {
+		ids = append(ids, r.TaskID)
+	}
+	if len(ids) != 3 || ids[0] == ids[1] || ids[1] == ids[2] {
+		t.Fatalf("line 2's attempts used task ids %v; want 3 distinct ones (a failed answer is kept by the dispatcher)", ids)
+	}
+	rej := readLines(t, cfg.Output+".rejected.jsonl")
+	if len(rej) != 1 {
+		t.Fatalf("rejected file: %q", rej)
+	}
+	var r rejectedLine
+	if err := json.Unmarshal([]byte(rej[0]), &r); err != nil || r.Line != 2 || !strings.Contains(r.Reason, "3 attempts") || !strings.Contains(r.Reason, "out of memory") || !strings.Contains(r.Input, `"n":2`) {
+		t.Errorf("rejected line %q (%v)", rej[0], err)
+	}
+	if s.Rejected != 1 || s.Completed != 3 {
+		t.Errorf("summary %+v", s)
+	}
+}
+
+// A line that never gets an answer holds the window; reading stops at the window's
+// bound instead of growing memory, and the line goes to the rejected file after its
+// attempts, which lets the job finish.
+func TestQueryOfDeathBoundedAndRejected(t *testing.T) {
+	t.Parallel()
+	f := newFakeDispatcher(t, func(ctx context.Context, _ runTaskBody, line, _ int) (int, string) {
+		if line == 1 {
+			<-ctx.Done()
+		}
+		return http.StatusOK, ""
+	})
+	cfg := setup(t, f, taskLines(30))
+	cfg.WorkTimeout, cfg.MaxAttempts, cfg.MaxOutOfOrder, cfg.Lookahead = 500*time.Millisecond, 2, 5, 5
+	s := run(t, cfg)
+	checkOutput(t, cfg.Output, 30, 1)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	lastLine1 := -1
+	for i, r := range f.reqs {
+		if lineOfID(r.TaskID) == 1 {
+			lastLine1 = i
+		}
+	}
+	// Until line 1's last attempt, nothing past the window (lines 1..5) may be issued.
+	for _, r := range f.reqs[:lastLine1] {
+		if l := lineOfID(r.TaskID); l > 5 {
+			t.Fatalf("line %d was issued while line 1 held a window of 5", l)
+		}
+	}
+	if s.Rejected != 1 || f.seen[1] != 2 {
+		t.Errorf("line 1 requested %d times, %d rejected; want 2 and 1", f.seen[1], s.Rejected)
+	}
+}
+
+func TestBadInputLinesGoToRejectedAndTheJobGoesOn(t *testing.T) {
+	t.Parallel()
+	f := newFakeDispatcher(t, func(_ context.Context, req runTaskBody, _, _ int) (int, string) {
+		if req.Label == "bad label" { // the dispatcher's own rule: a 400 is not retried
+			return http.StatusBadRequest, `{"error":"label may hold only printable ASCII without spaces"}`
+		}
+		return http.StatusOK, ""
+	})
+	lines := taskLines(8)
+	lines[1] = `this is not JSON`
+	lines[3] = `{"task_type":"sample_task","parameters":{"n":4}}`
+	lines[4] = `{"id":5,"label":"label-1","task_type":"sample_task","parameters":{"n":5,"pad":"` + strings.Repeat("x", 200) + `"}}`
+	lines[6] = `{"id":7,"label":"bad label","task_type":"sample_task","parameters":{"n":7}}`
+	cfg := setup(t, f, lines)
+	cfg.MaxLineBytes = 150
+	var bar syncBuffer
+	cfg.Progress = &bar
+	s := run(t, cfg)
+	checkOutput(t, cfg.Output, 8, 2, 4, 5, 7)
+	want := map[int64]string{2: "not a JSON object", 4: "missing label", 5: "limit is 150", 7: "dispatcher refused the task (400)"}
+	rej := readLines(t, cfg.Output+".rejected.jsonl")
+	if len(rej) != len(want) {
+		t.Fatalf("rejected file has %d lines, want %d: %q", len(rej), len(want), rej)
+	}
+	for _, l := range rej {
+		var r rejectedLine
+		if err := json.Unmarshal([]byte(l), &r); err != nil || !strings.Contains(r.Reason, want[r.Line]) {
+			t.Errorf("rejected line %q: want line with reason %q (%v)", l, want[r.Line], err)
+		}
+	}
+	if len(f.requests(7)) != 1 {
+		t.Errorf("a task the dispatcher refused with 400 was retried")
+	}
+	if s.Rejected != 4 || s.Completed != 4 {
+		t.Errorf("summary %+v", s)
+	}
+	if !strings.Contains(bar.String(), "8/8") {
+		t.Errorf("progress bar %q does not show 8/8", bar.String())
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the progress bar's writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestLabelOrderGroupsSubmissions(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		order    Order
+		switches int // most label changes between consecutive submissions
+	}{
+		{OrderFile, 23}, // a b c a b c ...: every submission changes label
+		{OrderLabel, 5}, // at most: two windows of 12 lines, 3 labels each
+	} {
+		t.Run(string(tt.order), func(t *testing.T) {
+			t.Parallel()
+			f := newFakeDispatcher(t, nil)
+			cfg := setup(t, f, taskLines(24, "a", "b", "c"))
+			cfg.Concurrency, cfg.Order, cfg.Lookahead, cfg.MaxOutOfOrder, cfg.LabelsAtOnce = 1, tt.order, 12, 12, 1
+			run(t, cfg)
+			checkOutput(t, cfg.Output, 24)
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			switches := 0
+			for i := 1; i < len(f.reqs); i++ {
+				if f.reqs[i].Label != f.reqs[i-1].Label {
+					switches++
+				}
+			}
+			if switches > tt.switches || (tt.order == OrderFile && switches != tt.switches) {
+				var labels []string
+				for _, r := range f.reqs {
+					labels = append(labels, r.Label)
+				}
+				t.Errorf("%d label switches in %v, want at most %d", switches, labels, tt.switches)
+			}
+		})
+	}
+}
+
+func TestFreshJobRefusesExistingOutput(t *testing.T) {
+	t.Parallel()
+	f := newFakeDispatcher(t, nil)
+	cfg := setup(t, f, taskLines(2))
+	if err := os.WriteFile(cfg.Output, []byte("{\"someone's\":\"results\"}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Run(context.Background(), cfg)
+	if err == nil || !strings.Contains(err.Error(), "no checkpoint") {
+		t.Fatalf("Run over an existing output without a checkpoint: %v", err)
+	}
+	if b, _ := os.ReadFile(cfg.Output); string(b) != "{\"someone's\":\"results\"}\n" {
+		t.Errorf("the existing output was changed: %q", b)
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	t.Parallel()
+	cfg := Config{Input: "a", Output: "a", Order: "random", ControlAddr: "0.0.0.0:9000", Lookahead: 20, MaxOutOfOrder: 10}.WithDefaults()
+	err := cfg.validate()
+	for _, want := range []string{"four different files", "Order must be", "ControlAddr must be a loopback", "Lookahead (20) must not exceed MaxOutOfOrder (10)"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("validate: %v; want a message containing %q", err, want)
+		}
+	}
+}

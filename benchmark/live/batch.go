@@ -1,0 +1,135 @@
+package live
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"text/tabwriter"
+
+	"github.com/smartroute/smartroute/batch"
+)
+
+// BatchCompareConfig is `benchmark batch-compare`: one batch job per order, each on a
+// fresh cluster (cold labels) started from Cluster's settings.
+type BatchCompareConfig struct {
+	// Cluster gives the binaries, the fleet (NumWorkers, MaxLabels, Slots), the
+	// simulated load and run times, OutDir and the logger; its producer fields are unused.
+	Cluster Config
+	// Input is the JSON-lines file of tasks (batch/cmd/gen-input writes one). Required.
+	Input string
+	// Orders are run in turn. Zero means label, then file.
+	Orders []batch.Order
+	// Concurrency, Lookahead and MaxOutOfOrder are the job's; zero means batch's default.
+	Concurrency, Lookahead, MaxOutOfOrder, LabelsAtOnce int
+	// JSON prints the results as JSON instead of a table.
+	JSON bool
+}
+
+// BatchResult is one order's job.
+type BatchResult struct {
+	Order batch.Order   `json:"order"`
+	Job   batch.Summary `json:"job"`
+	// AgentLabelLoads counts the label misses the agents logged (the collector's
+	// records): the same loads as Job.LabelMisses seen from the fleet's side.
+	AgentLabelLoads int    `json:"agent_label_loads"`
+	OutDir          string `json:"out_dir"`
+}
+
+// BatchCompare runs the comparison and prints it to stdout.
+func BatchCompare(ctx context.Context, bc BatchCompareConfig, stdout io.Writer) error {
+	cfg := bc.Cluster.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if bc.Input == "" {
+		return errors.New("--input is required")
+	}
+	if len(bc.Orders) == 0 {
+		bc.Orders = []batch.Order{batch.OrderLabel, batch.OrderFile}
+	}
+	bins, cleanup, err := resolveBinaries(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	outDir := cfg.OutDir
+	if outDir == "" {
+		if outDir, err = os.MkdirTemp("", "smartroute-batch-"); err != nil {
+			return err
+		}
+	}
+	var results []BatchResult
+	for _, order := range bc.Orders {
+		r, err := runBatchOrder(ctx, cfg, bc, bins, order, filepath.Join(outDir, "batch-"+string(order)))
+		if err != nil {
+			return fmt.Errorf("%s order: %w", order, err)
+		}
+		results = append(results, r)
+	}
+	if bc.JSON {
+		return json.NewEncoder(stdout).Encode(results)
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "order\tlines\tcompleted\trejected\tlabel loads (answers)\tlabel loads (agents)\twall s\titems/s\t")
+	for _, r := range results {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%.1f\t%.0f\t\n", r.Order, r.Job.Lines, r.Job.Completed, r.Job.Rejected,
+			r.Job.LabelMisses, r.AgentLabelLoads, r.Job.Seconds, r.Job.PerSec)
+	}
+	return tw.Flush()
+}
+
+func runBatchOrder(ctx context.Context, cfg Config, bc BatchCompareConfig, bins binaries, order batch.Order, dir string) (BatchResult, error) {
+	// A fresh directory: the collector's files of an earlier run would be counted.
+	if err := os.RemoveAll(dir); err != nil {
+		return BatchResult{}, err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return BatchResult{}, err
+	}
+	log := cfg.Logger.With().Str("order", string(order)).Logger()
+	cl, err := startCluster(ctx, clusterSpec{bins: bins, dir: dir, cfg: cfg, onProcessStart: cfg.onProcessStart})
+	if err != nil {
+		return BatchResult{}, err
+	}
+	defer cl.stop()
+	out := filepath.Join(dir, "out.jsonl")
+	log.Info().Str("input", bc.Input).Msg("batch job started")
+	s, jobErr := batch.Run(ctx, batch.Config{
+		DispatcherURL: cl.baseURL,
+		Input:         bc.Input,
+		Output:        out,
+		Concurrency:   bc.Concurrency,
+		Lookahead:     bc.Lookahead,
+		MaxOutOfOrder: bc.MaxOutOfOrder,
+		LabelsAtOnce:  bc.LabelsAtOnce,
+		Order:         order,
+		Progress:      cfg.Progress,
+		Logger:        log,
+	})
+	// The agents' logs are complete only once they have exited.
+	if err := cl.stop(); err != nil {
+		log.Warn().Err(err).Msg("some processes had to be killed; their last log lines may be missing")
+	}
+	if jobErr != nil {
+		return BatchResult{}, jobErr
+	}
+	paths, err := cl.agentLogs()
+	if err != nil {
+		return BatchResult{}, err
+	}
+	ws, err := readWorkerLogs(paths)
+	if err != nil {
+		return BatchResult{}, err
+	}
+	r := BatchResult{Order: order, Job: s, AgentLabelLoads: ws.LabelMisses, OutDir: dir}
+	b, _ := json.MarshalIndent(r, "", "  ")
+	if err := os.WriteFile(filepath.Join(dir, summaryFile), b, 0o644); err != nil {
+		return BatchResult{}, err
+	}
+	log.Info().Int64("lines", s.Lines).Int64("label_misses", s.LabelMisses).Int("agent_label_loads", ws.LabelMisses).Float64("seconds", s.Seconds).Msg("batch job done")
+	return r, nil
+}
