@@ -40,6 +40,9 @@ type workerConn struct {
 	// batch is the socket under ws; the flusher gathers a batch of frames into one
 	// write through it.
 	batch *frame.BatchConn
+	// credential is the hash of the worker token it authenticated with (zero when
+	// worker auth is off); a reload that revokes it closes the connection.
+	credential secretHash
 	// log is the dispatcher's logger; records add worker_id themselves, because a
 	// child logger per connection would hold a few hundred bytes for its lifetime.
 	log zerolog.Logger
@@ -206,6 +209,7 @@ func (d *Dispatcher) serveWorker(c echo.Context) error {
 		batch:        hj.conn,
 		log:          d.log,
 		maxQueued:    cfg.SendQueueFrames,
+		credential:   workerCredential(c),
 		writeTimeout: cfg.WriteTimeout,
 		closing:      make(chan struct{}),
 		written:      make(chan struct{}),
@@ -241,6 +245,10 @@ func (d *Dispatcher) serveWorker(c echo.Context) error {
 		<-wc.written
 		close(wc.read)
 		return nil
+	}
+	if !d.auth.workerTokenValid(wc.credential) { // revoked while it said hello
+		d.hub.removeWorker(wc)
+		wc.close(errRevoked)
 	}
 	wc.log.Info().Str("worker_id", id).Uint32("max_labels", hello.GetMaxLabels()).Uint32("slots", hello.GetSlots()).
 		Strs("labels", hello.GetHeldLabels()).Str("agent", wc.agent).Msg("worker connected")

@@ -1,0 +1,327 @@
+package dispatcher
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync/atomic"
+
+	"github.com/labstack/echo/v4"
+
+	pb "github.com/smartroute/smartroute/proto/smartroutev1"
+)
+
+// Two key spaces, checked separately: worker tokens open /worker-listen only, producer
+// API keys open the task endpoints (and the ops endpoints with OpsAuth) only. A leaked
+// producer key cannot pose as a worker and receive other producers' tasks.
+
+// secretHash is the sha256 of a token or key: only hashes are kept in memory.
+type secretHash [sha256.Size]byte
+
+// credentials is one generation of accepted secrets. A reload builds a new one and
+// swaps it in whole; requests read it without a lock.
+type credentials struct {
+	workers   []secretHash
+	producers []secretHash
+}
+
+// holds reports whether h is in set, comparing every entry in constant time so that
+// the time taken says nothing about which entry (or how much of one) matched.
+func holds(set []secretHash, h secretHash) bool {
+	found := 0
+	for i := range set {
+		found |= subtle.ConstantTimeCompare(set[i][:], h[:])
+	}
+	return found == 1
+}
+
+// authenticator checks credentials. Whether each side requires them is fixed at start
+// (a token file, even an empty one, turns worker auth on); what is accepted changes on
+// reload.
+type authenticator struct {
+	cfg          Config
+	workerAuth   bool // worker tokens are required on /worker-listen
+	producerAuth bool // API keys are required on the task endpoints
+	cur          atomic.Pointer[credentials]
+}
+
+func newAuthenticator(cfg Config) (*authenticator, error) {
+	a := &authenticator{
+		cfg:          cfg,
+		workerAuth:   len(cfg.WorkerTokens) > 0 || cfg.WorkerTokensFile != "",
+		producerAuth: len(cfg.APIKeys) > 0 || cfg.APIKeysFile != "",
+	}
+	creds, err := a.load()
+	if err != nil {
+		return nil, err
+	}
+	a.cur.Store(creds)
+	return a, nil
+}
+
+// load reads the configured secrets: the static ones plus the files' current content.
+func (a *authenticator) load() (*credentials, error) {
+	workers, err := secretSet("WorkerTokens", a.cfg.WorkerTokens, "WorkerTokensFile", a.cfg.WorkerTokensFile)
+	if err != nil {
+		return nil, err
+	}
+	producers, err := secretSet("APIKeys", a.cfg.APIKeys, "APIKeysFile", a.cfg.APIKeysFile)
+	if err != nil {
+		return nil, err
+	}
+	return &credentials{workers: workers, producers: producers}, nil
+}
+
+func secretSet(listField string, list []string, fileField, file string) ([]secretHash, error) {
+	var set []secretHash
+	for i, s := range list {
+		if err := checkSecret(s); err != nil {
+			return nil, fmt.Errorf("%s[%d]: %w", listField, i, err)
+		}
+		set = append(set, sha256.Sum256([]byte(s)))
+	}
+	if file == "" {
+		return set, nil
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", fileField, err)
+	}
+	secrets, err := parseSecrets(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", fileField, file, err)
+	}
+	for _, s := range secrets {
+		set = append(set, sha256.Sum256([]byte(s)))
+	}
+	return set, nil
+}
+
+// maxSecretBytes bounds a token or key: longer is a mistake (a pasted file), and it
+// keeps the Authorization header small.
+const maxSecretBytes = 4096
+
+// parseSecrets reads a tokens or keys file: one secret per line, surrounding spaces
+// trimmed, blank lines and lines starting with # ignored. Errors name the line, never
+// its content.
+func parseSecrets(data []byte) ([]string, error) {
+	var out []string
+	for n, line := range bytes.Split(data, []byte("\n")) {
+		line = bytes.TrimSpace(line)
+		if len(line) == 0 || line[0] == '#' {
+			continue
+		}
+		if err := checkSecret(string(line)); err != nil {
+			return nil, fmt.Errorf("line %d: %w", n+1, err)
+		}
+		out = append(out, string(line))
+	}
+	return out, nil
+}
+
+// checkSecret accepts what can travel in an Authorization header: visible ASCII.
+func checkSecret(s string) error {
+	if s == "" {
+		return errors.New("empty secret")
+	}
+	if len(s) > maxSecretBytes {
+		return fmt.Errorf("secret is %d bytes long, the limit is %d", len(s), maxSecretBytes)
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c <= ' ' || c > '~' {
+			return fmt.Errorf("secret holds byte 0x%02x at %d; only visible ASCII without spaces is allowed", c, i)
+		}
+	}
+	return nil
+}
+
+// bearerToken extracts the token of an "Authorization: Bearer <token>" header value.
+// The scheme is case-insensitive (RFC 9110); the token must be non-empty and hold no
+// spaces.
+func bearerToken(header string) (string, bool) {
+	const scheme = "bearer "
+	if len(header) <= len(scheme) || !strings.EqualFold(header[:len(scheme)], scheme) {
+		return "", false
+	}
+	tok := strings.TrimLeft(header[len(scheme):], " ")
+	if tok == "" || strings.ContainsAny(tok, " \t") {
+		return "", false
+	}
+	return tok, true
+}
+
+// presented returns the secret a request carries: a bearer token, or for producers
+// also X-API-Key. ok is false when none was sent or the header is malformed.
+func presented(r *http.Request, allowAPIKeyHeader bool) (string, bool) {
+	if h := r.Header.Get("Authorization"); h != "" {
+		return bearerToken(h)
+	}
+	if allowAPIKeyHeader {
+		if k := r.Header.Get("X-API-Key"); k != "" {
+			return k, true
+		}
+	}
+	return "", false
+}
+
+// workerCredentialKey is where authorize leaves the worker token's hash for serveWorker.
+const workerCredentialKey = "worker_credential"
+
+// unauthorized answers 401 with a challenge; the message never echoes the secret.
+func unauthorized(c echo.Context, msg string) error {
+	c.Response().Header().Set("WWW-Authenticate", `Bearer realm="smartroute"`)
+	return c.JSON(http.StatusUnauthorized, errorBody{msg})
+}
+
+// authorize is the middleware that checks credentials by route, before any handler
+// runs: a refused worker is never upgraded and the hub never hears of it. Routes not
+// listed (/workers, /labels, /metrics, /debug/..., and unknown paths) are ops routes.
+func (d *Dispatcher) authorize(next echo.HandlerFunc) echo.HandlerFunc {
+	a := d.auth
+	return func(c echo.Context) error {
+		switch c.Path() {
+		case "/health":
+			return next(c)
+		case "/worker-listen":
+			if !a.workerAuth {
+				return next(c)
+			}
+			tok, ok := presented(c.Request(), false)
+			if !ok {
+				return unauthorized(c, "worker token required: send Authorization: Bearer <worker token>")
+			}
+			h := sha256.Sum256([]byte(tok))
+			creds := a.cur.Load()
+			if !holds(creds.workers, h) {
+				if holds(creds.producers, h) {
+					return c.JSON(http.StatusForbidden, errorBody{"a producer API key cannot open /worker-listen; workers need a worker token"})
+				}
+				return unauthorized(c, "worker token refused")
+			}
+			c.Set(workerCredentialKey, secretHash(h))
+			return next(c)
+		case "/run-task", "/tasks/:id", "/upload-model":
+			return d.checkProducer(c, next)
+		default:
+			if !d.cfg.OpsAuth {
+				return next(c)
+			}
+			return d.checkProducer(c, next)
+		}
+	}
+}
+
+func (d *Dispatcher) checkProducer(c echo.Context, next echo.HandlerFunc) error {
+	a := d.auth
+	if !a.producerAuth {
+		return next(c)
+	}
+	key, ok := presented(c.Request(), true)
+	if !ok {
+		return unauthorized(c, "API key required: send Authorization: Bearer <api key> or X-API-Key")
+	}
+	h := sha256.Sum256([]byte(key))
+	creds := a.cur.Load()
+	if !holds(creds.producers, h) {
+		if holds(creds.workers, h) {
+			return c.JSON(http.StatusForbidden, errorBody{"a worker token is not an API key; producers need an API key"})
+		}
+		return unauthorized(c, "API key refused")
+	}
+	return next(c)
+}
+
+// workerTokenValid says whether a connected worker's token is still accepted.
+func (a *authenticator) workerTokenValid(h secretHash) bool {
+	return !a.workerAuth || holds(a.cur.Load().workers, h)
+}
+
+// ReloadCredentials re-reads WorkerTokensFile and APIKeysFile (cmd/dispatcher calls it
+// on SIGHUP). A removed token is revoked: new dials with it are refused, and workers
+// connected with it are closed with CLOSE_CODE_UNAUTHORIZED. On an error (a file
+// unreadable or malformed) the accepted secrets stay as they were.
+func (d *Dispatcher) ReloadCredentials() error {
+	creds, err := d.auth.load()
+	if err != nil {
+		d.log.Error().Err(err).Msg("credentials not reloaded; the previous ones stay in force")
+		return err
+	}
+	// Swap first, then sweep: a worker registering concurrently either is in the hub
+	// for the sweep, or checks its token against the new set after registering
+	// (serveWorker), so none slips through.
+	d.auth.cur.Store(creds)
+	revoked := 0
+	for _, wc := range d.hub.connections() {
+		if !d.auth.workerTokenValid(wc.credential) {
+			wc.close(errRevoked)
+			revoked++
+		}
+	}
+	d.log.Info().Int("worker_tokens", len(creds.workers)).Int("api_keys", len(creds.producers)).
+		Int("workers_revoked", revoked).Msg("credentials reloaded")
+	return nil
+}
+
+var errRevoked = &Disconnect{Code: pb.CloseCode_CLOSE_CODE_UNAUTHORIZED, Reason: "worker token revoked"}
+
+// isLoopback reports whether a listen address only accepts local connections. An
+// empty host means every interface; a host name other than localhost is not trusted
+// to resolve to loopback.
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// checkExposure refuses a non-loopback listen address unless both sides require
+// credentials or InsecureNoAuth says the operator means it.
+func (c Config) checkExposure() error {
+	workerAuth := len(c.WorkerTokens) > 0 || c.WorkerTokensFile != ""
+	producerAuth := len(c.APIKeys) > 0 || c.APIKeysFile != ""
+	if workerAuth && producerAuth || c.InsecureNoAuth || isLoopback(c.Addr) {
+		return nil
+	}
+	var open []string
+	if !workerAuth {
+		open = append(open, "anyone could connect as a worker (no WorkerTokens/--worker-token or WorkerTokensFile/--worker-tokens-file)")
+	}
+	if !producerAuth {
+		open = append(open, "anyone could submit tasks (no APIKeys/--api-key or APIKeysFile/--api-keys-file)")
+	}
+	return fmt.Errorf("Addr %q is not a loopback address and %s; configure credentials, bind to 127.0.0.1, or pass --insecure-no-auth (InsecureNoAuth) to serve without them",
+		c.Addr, strings.Join(open, " and "))
+}
+
+// logAuthMode says at start which sides run without credentials.
+func (d *Dispatcher) logAuthMode() {
+	a := d.auth
+	switch {
+	case !a.workerAuth && !a.producerAuth:
+		d.log.Warn().Bool("insecure_no_auth", d.cfg.InsecureNoAuth).Msg("development mode: no worker token and no API key configured; anyone who can reach this address may submit tasks and connect as a worker")
+	case !a.workerAuth:
+		d.log.Warn().Msg("no worker token configured: /worker-listen accepts any worker")
+	case !a.producerAuth:
+		d.log.Warn().Msg("no API key configured: the task endpoints accept any producer")
+	}
+	if d.cfg.OpsAuth {
+		d.log.Info().Msg("ops endpoints require an API key")
+	}
+}
+
+// workerCredential is the token hash authorize accepted for this request.
+func workerCredential(c echo.Context) secretHash {
+	h, _ := c.Get(workerCredentialKey).(secretHash)
+	return h
+}
