@@ -1,19 +1,15 @@
 package dispatcher
 
 import (
-	"bytes"
-	"crypto/sha256"
-	"crypto/subtle"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
-	"os"
 	"strings"
 	"sync/atomic"
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/smartroute/smartroute/proto/credential"
 	pb "github.com/smartroute/smartroute/proto/smartroutev1"
 )
 
@@ -21,24 +17,11 @@ import (
 // API keys open the task endpoints (and the ops endpoints with OpsAuth) only. A leaked
 // producer key cannot pose as a worker and receive other producers' tasks.
 
-// secretHash is the sha256 of a token or key: only hashes are kept in memory.
-type secretHash [sha256.Size]byte
-
 // credentials is one generation of accepted secrets. A reload builds a new one and
 // swaps it in whole; requests read it without a lock.
 type credentials struct {
-	workers   []secretHash
-	producers []secretHash
-}
-
-// holds reports whether h is in set, comparing every entry in constant time so that
-// the time taken says nothing about which entry (or how much of one) matched.
-func holds(set []secretHash, h secretHash) bool {
-	found := 0
-	for i := range set {
-		found |= subtle.ConstantTimeCompare(set[i][:], h[:])
-	}
-	return found == 1
+	workers   credential.Set
+	producers credential.Set
 }
 
 // authenticator checks credentials. Whether each side requires them is fixed at start
@@ -67,100 +50,22 @@ func newAuthenticator(cfg Config) (*authenticator, error) {
 
 // load reads the configured secrets: the static ones plus the files' current content.
 func (a *authenticator) load() (*credentials, error) {
-	workers, err := secretSet("WorkerTokens", a.cfg.WorkerTokens, "WorkerTokensFile", a.cfg.WorkerTokensFile)
+	workers, err := credential.Load("WorkerTokens", a.cfg.WorkerTokens, "WorkerTokensFile", a.cfg.WorkerTokensFile)
 	if err != nil {
 		return nil, err
 	}
-	producers, err := secretSet("APIKeys", a.cfg.APIKeys, "APIKeysFile", a.cfg.APIKeysFile)
+	producers, err := credential.Load("APIKeys", a.cfg.APIKeys, "APIKeysFile", a.cfg.APIKeysFile)
 	if err != nil {
 		return nil, err
 	}
 	return &credentials{workers: workers, producers: producers}, nil
 }
 
-func secretSet(listField string, list []string, fileField, file string) ([]secretHash, error) {
-	var set []secretHash
-	for i, s := range list {
-		if err := checkSecret(s); err != nil {
-			return nil, fmt.Errorf("%s[%d]: %w", listField, i, err)
-		}
-		set = append(set, sha256.Sum256([]byte(s)))
-	}
-	if file == "" {
-		return set, nil
-	}
-	data, err := os.ReadFile(file)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", fileField, err)
-	}
-	secrets, err := parseSecrets(data)
-	if err != nil {
-		return nil, fmt.Errorf("%s %s: %w", fileField, file, err)
-	}
-	for _, s := range secrets {
-		set = append(set, sha256.Sum256([]byte(s)))
-	}
-	return set, nil
-}
-
-// maxSecretBytes bounds a token or key: longer is a mistake (a pasted file), and it
-// keeps the Authorization header small.
-const maxSecretBytes = 4096
-
-// parseSecrets reads a tokens or keys file: one secret per line, surrounding spaces
-// trimmed, blank lines and lines starting with # ignored. Errors name the line, never
-// its content.
-func parseSecrets(data []byte) ([]string, error) {
-	var out []string
-	for n, line := range bytes.Split(data, []byte("\n")) {
-		line = bytes.TrimSpace(line)
-		if len(line) == 0 || line[0] == '#' {
-			continue
-		}
-		if err := checkSecret(string(line)); err != nil {
-			return nil, fmt.Errorf("line %d: %w", n+1, err)
-		}
-		out = append(out, string(line))
-	}
-	return out, nil
-}
-
-// checkSecret accepts what can travel in an Authorization header: visible ASCII.
-func checkSecret(s string) error {
-	if s == "" {
-		return errors.New("empty secret")
-	}
-	if len(s) > maxSecretBytes {
-		return fmt.Errorf("secret is %d bytes long, the limit is %d", len(s), maxSecretBytes)
-	}
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c <= ' ' || c > '~' {
-			return fmt.Errorf("secret holds byte 0x%02x at %d; only visible ASCII without spaces is allowed", c, i)
-		}
-	}
-	return nil
-}
-
-// bearerToken extracts the token of an "Authorization: Bearer <token>" header value.
-// The scheme is case-insensitive (RFC 9110); the token must be non-empty and hold no
-// spaces.
-func bearerToken(header string) (string, bool) {
-	const scheme = "bearer "
-	if len(header) <= len(scheme) || !strings.EqualFold(header[:len(scheme)], scheme) {
-		return "", false
-	}
-	tok := strings.TrimLeft(header[len(scheme):], " ")
-	if tok == "" || strings.ContainsAny(tok, " \t") {
-		return "", false
-	}
-	return tok, true
-}
-
 // presented returns the secret a request carries: a bearer token, or for producers
 // also X-API-Key. ok is false when none was sent or the header is malformed.
 func presented(r *http.Request, allowAPIKeyHeader bool) (string, bool) {
 	if h := r.Header.Get("Authorization"); h != "" {
-		return bearerToken(h)
+		return credential.BearerToken(h)
 	}
 	if allowAPIKeyHeader {
 		if k := r.Header.Get("X-API-Key"); k != "" {
@@ -196,15 +101,15 @@ func (d *Dispatcher) authorize(next echo.HandlerFunc) echo.HandlerFunc {
 			if !ok {
 				return unauthorized(c, "worker token required: send Authorization: Bearer <worker token>")
 			}
-			h := sha256.Sum256([]byte(tok))
+			h := credential.Sum(tok)
 			creds := a.cur.Load()
-			if !holds(creds.workers, h) {
-				if holds(creds.producers, h) {
+			if !creds.workers.Holds(h) {
+				if creds.producers.Holds(h) {
 					return c.JSON(http.StatusForbidden, errorBody{"a producer API key cannot open /worker-listen; workers need a worker token"})
 				}
 				return unauthorized(c, "worker token refused")
 			}
-			c.Set(workerCredentialKey, secretHash(h))
+			c.Set(workerCredentialKey, h)
 			return next(c)
 		case "/run-task", "/tasks/:id", "/upload-model":
 			return d.checkProducer(c, next)
@@ -226,10 +131,10 @@ func (d *Dispatcher) checkProducer(c echo.Context, next echo.HandlerFunc) error 
 	if !ok {
 		return unauthorized(c, "API key required: send Authorization: Bearer <api key> or X-API-Key")
 	}
-	h := sha256.Sum256([]byte(key))
+	h := credential.Sum(key)
 	creds := a.cur.Load()
-	if !holds(creds.producers, h) {
-		if holds(creds.workers, h) {
+	if !creds.producers.Holds(h) {
+		if creds.workers.Holds(h) {
 			return c.JSON(http.StatusForbidden, errorBody{"a worker token is not an API key; producers need an API key"})
 		}
 		return unauthorized(c, "API key refused")
@@ -238,8 +143,8 @@ func (d *Dispatcher) checkProducer(c echo.Context, next echo.HandlerFunc) error 
 }
 
 // workerTokenValid says whether a connected worker's token is still accepted.
-func (a *authenticator) workerTokenValid(h secretHash) bool {
-	return !a.workerAuth || holds(a.cur.Load().workers, h)
+func (a *authenticator) workerTokenValid(h credential.Hash) bool {
+	return !a.workerAuth || a.cur.Load().workers.Holds(h)
 }
 
 // ReloadCredentials re-reads WorkerTokensFile and APIKeysFile (cmd/dispatcher calls it
@@ -321,7 +226,7 @@ func (d *Dispatcher) logAuthMode() {
 }
 
 // workerCredential is the token hash authorize accepted for this request.
-func workerCredential(c echo.Context) secretHash {
-	h, _ := c.Get(workerCredentialKey).(secretHash)
+func workerCredential(c echo.Context) credential.Hash {
+	h, _ := c.Get(workerCredentialKey).(credential.Hash)
 	return h
 }

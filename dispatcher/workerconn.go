@@ -13,6 +13,7 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/rs/zerolog"
 
+	"github.com/smartroute/smartroute/proto/credential"
 	"github.com/smartroute/smartroute/proto/frame"
 	pb "github.com/smartroute/smartroute/proto/smartroutev1"
 )
@@ -42,7 +43,7 @@ type workerConn struct {
 	batch *frame.BatchConn
 	// credential is the hash of the worker token it authenticated with (zero when
 	// worker auth is off); a reload that revokes it closes the connection.
-	credential secretHash
+	credential credential.Hash
 	// log is the dispatcher's logger; records add worker_id themselves, because a
 	// child logger per connection would hold a few hundred bytes for its lifetime.
 	log zerolog.Logger

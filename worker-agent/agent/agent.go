@@ -21,6 +21,7 @@ import (
 	"github.com/gorilla/websocket"
 	"github.com/rs/zerolog"
 
+	"github.com/smartroute/smartroute/proto/credential"
 	"github.com/smartroute/smartroute/proto/frame"
 	pb "github.com/smartroute/smartroute/proto/smartroutev1"
 	"github.com/smartroute/smartroute/worker-agent/backend"
@@ -323,7 +324,7 @@ func (a *agent) serve(ctx context.Context) error {
 func (a *agent) connect(ctx context.Context) (*session, error) {
 	header := http.Header{"Worker-Id": []string{a.cfg.WorkerID}}
 	if a.cfg.WorkerToken != "" {
-		header.Set("Authorization", "Bearer "+a.cfg.WorkerToken)
+		header.Set("Authorization", credential.Header(a.cfg.WorkerToken))
 	}
 	conn, resp, err := a.dialer.DialContext(ctx, a.cfg.DispatcherURL, header)
 	if err != nil {

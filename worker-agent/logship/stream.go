@@ -13,6 +13,7 @@ import (
 	"github.com/gorilla/websocket"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/smartroute/smartroute/proto/credential"
 	pb "github.com/smartroute/smartroute/proto/smartroutev1"
 )
 
@@ -60,7 +61,7 @@ func (s *Shipper) session() (welcomed bool, err error) {
 	dctx, cancel := context.WithTimeout(s.hardStop, s.cfg.HandshakeTimeout)
 	header := http.Header{"Worker-Id": []string{s.cfg.WorkerID}}
 	if s.cfg.Token != "" {
-		header.Set("Authorization", "Bearer "+s.cfg.Token)
+		header.Set("Authorization", credential.Header(s.cfg.Token))
 	}
 	conn, resp, err := s.dialer.DialContext(dctx, s.url, header)
 	cancel()
