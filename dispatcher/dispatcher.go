@@ -184,21 +184,26 @@ func (d *Dispatcher) runTask(c echo.Context) error {
 }
 
 func (d *Dispatcher) getTask(c echo.Context) error {
-	v, ok := d.hub.lookup(c.Param("id"))
+	id, err := parseTaskID(c.Param("id"))
+	if err != nil {
+		return c.JSON(http.StatusBadRequest, errorBody{err.Error()})
+	}
+	v, ok := d.hub.lookup(id)
 	if !ok {
-		return c.JSON(http.StatusNotFound, errorBody{"unknown task " + c.Param("id")})
+		return c.JSON(http.StatusNotFound, errorBody{"unknown task " + id})
 	}
 	return writeView(c, http.StatusOK, v)
 }
 
 func (d *Dispatcher) getWorkers(c echo.Context) error {
-	switch c.QueryParam("detail") {
-	case "", "false", "0":
-		return c.JSON(http.StatusOK, map[string][]string{"workers": d.hub.workerIDs()})
-	case "true", "1":
+	detail, err := parseWorkersQuery(c.QueryParams())
+	if err != nil {
+		return c.JSON(http.StatusBadRequest, errorBody{err.Error()})
+	}
+	if detail {
 		return c.JSON(http.StatusOK, map[string]any{"workers": d.hub.workerDetails()})
 	}
-	return c.JSON(http.StatusBadRequest, errorBody{"detail must be true or false"})
+	return c.JSON(http.StatusOK, map[string][]string{"workers": d.hub.workerIDs()})
 }
 
 func (d *Dispatcher) uploadModel(c echo.Context) error {
