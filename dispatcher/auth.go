@@ -84,12 +84,47 @@ func unauthorized(c echo.Context, msg string) error {
 	return c.JSON(http.StatusUnauthorized, errorBody{msg})
 }
 
+// Refusal messages of each side.
+var (
+	workerRefusals = refusals{
+		missing: "worker token required: send Authorization: Bearer <worker token>",
+		refused: "worker token refused",
+		crossed: "a producer API key cannot open /worker-listen; workers need a worker token",
+	}
+	producerRefusals = refusals{
+		missing: "API key required: send Authorization: Bearer <api key> or X-API-Key",
+		refused: "API key refused",
+		crossed: "a worker token is not an API key; producers need an API key",
+	}
+)
+
+type refusals struct{ missing, refused, crossed string }
+
+// verify checks the secret a request presents against its side's set (own); a secret
+// of the other side gets 403 saying so. When ok is false the answer has been written
+// and err is what the handler returns.
+func verify(c echo.Context, apiKeyHeader bool, own, other credential.Set, msg refusals) (h credential.Hash, ok bool, err error) {
+	secret, present := presented(c.Request(), apiKeyHeader)
+	if !present {
+		return h, false, unauthorized(c, msg.missing)
+	}
+	h = credential.Sum(secret)
+	switch {
+	case own.Holds(h):
+		return h, true, nil
+	case other.Holds(h):
+		return h, false, c.JSON(http.StatusForbidden, errorBody{msg.crossed})
+	}
+	return h, false, unauthorized(c, msg.refused)
+}
+
 // authorize is the middleware that checks credentials by route, before any handler
 // runs: a refused worker is never upgraded and the hub never hears of it. Routes not
 // listed (/workers, /labels, /metrics, /debug/..., and unknown paths) are ops routes.
 func (d *Dispatcher) authorize(next echo.HandlerFunc) echo.HandlerFunc {
 	a := d.auth
 	return func(c echo.Context) error {
+		var producer bool
 		switch c.Path() {
 		case "/health":
 			return next(c)
@@ -97,49 +132,27 @@ func (d *Dispatcher) authorize(next echo.HandlerFunc) echo.HandlerFunc {
 			if !a.workerAuth {
 				return next(c)
 			}
-			tok, ok := presented(c.Request(), false)
-			if !ok {
-				return unauthorized(c, "worker token required: send Authorization: Bearer <worker token>")
-			}
-			h := credential.Sum(tok)
 			creds := a.cur.Load()
-			if !creds.workers.Holds(h) {
-				if creds.producers.Holds(h) {
-					return c.JSON(http.StatusForbidden, errorBody{"a producer API key cannot open /worker-listen; workers need a worker token"})
-				}
-				return unauthorized(c, "worker token refused")
+			h, ok, err := verify(c, false, creds.workers, creds.producers, workerRefusals)
+			if !ok {
+				return err
 			}
 			c.Set(workerCredentialKey, h)
 			return next(c)
 		case "/run-task", "/tasks/:id", "/upload-model":
-			return d.checkProducer(c, next)
+			producer = true
 		default:
-			if !d.cfg.OpsAuth {
-				return next(c)
-			}
-			return d.checkProducer(c, next)
+			producer = d.cfg.OpsAuth
 		}
-	}
-}
-
-func (d *Dispatcher) checkProducer(c echo.Context, next echo.HandlerFunc) error {
-	a := d.auth
-	if !a.producerAuth {
+		if !producer || !a.producerAuth {
+			return next(c)
+		}
+		creds := a.cur.Load()
+		if _, ok, err := verify(c, true, creds.producers, creds.workers, producerRefusals); !ok {
+			return err
+		}
 		return next(c)
 	}
-	key, ok := presented(c.Request(), true)
-	if !ok {
-		return unauthorized(c, "API key required: send Authorization: Bearer <api key> or X-API-Key")
-	}
-	h := credential.Sum(key)
-	creds := a.cur.Load()
-	if !creds.producers.Holds(h) {
-		if creds.workers.Holds(h) {
-			return c.JSON(http.StatusForbidden, errorBody{"a worker token is not an API key; producers need an API key"})
-		}
-		return unauthorized(c, "API key refused")
-	}
-	return next(c)
 }
 
 // workerTokenValid says whether a connected worker's token is still accepted.
