@@ -1,12 +1,16 @@
 package dispatcher
 
 import (
+	"bytes"
+	"context"
 	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/gorilla/websocket"
+	"github.com/rs/zerolog"
 )
 
 func TestParamsLimit(t *testing.T) {
@@ -64,5 +68,47 @@ func TestOversizedFrameClosesTheConnection(t *testing.T) {
 	}
 	for contains(b.workers(), "big") {
 		time.Sleep(time.Millisecond) // polling an observable state, bounded by the test timeout
+	}
+}
+
+func TestTotalQueueLimit(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{MaxQueued: 2})
+	for i, label := range []string{"a", "b"} {
+		if code, v := b.post("/run-task", fmt.Sprintf(`{"task_id":"q%d","task_type":"x","label":%q,"return_result":false}`, i, label)); code != 202 {
+			t.Fatalf("task %d: %d %v", i, code, v)
+		}
+	}
+	code, header, v := b.send("POST", "/run-task", `{"task_id":"q2","task_type":"x","label":"c","return_result":false}`)
+	if code != 429 || header.Get("Retry-After") == "" || !strings.Contains(v["error"].(string), "queue full: 2 tasks waiting") {
+		t.Fatalf("third task: %d %v %v", code, header, v)
+	}
+	if code, _ := b.get("/tasks/q2"); code != 404 {
+		t.Fatalf("a refused task is known: %d", code)
+	}
+	if q := b.d.hub.sched.QueuedTasks(); q != 2 {
+		t.Fatalf("queued %d, want 2", q)
+	}
+}
+
+// Without credentials the dispatcher says at start that it runs in development mode.
+func TestDevelopmentModeWarnsAtStart(t *testing.T) {
+	t.Parallel()
+	var logs bytes.Buffer
+	d, err := New(Config{Addr: "127.0.0.1:0", Logger: zerolog.New(&logs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan net.Addr, 1)
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx, ready) }()
+	<-ready
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logs.String(), `"level":"warn"`) || !strings.Contains(logs.String(), "development mode") {
+		t.Fatalf("no development-mode warning in:\n%s", logs.String())
 	}
 }
