@@ -2,8 +2,10 @@ package dispatcher
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +13,7 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+	"github.com/labstack/echo/v4"
 
 	pb "github.com/smartroute/smartroute/proto/smartroutev1"
 )
@@ -267,6 +270,55 @@ func TestExposureNeedsCredentialsOrTheInsecureFlag(t *testing.T) {
 			t.Errorf("%s: refused: %v", tc.name, err)
 		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
 			t.Errorf("%s: got %v, want an error containing %q", tc.name, err, tc.want)
+		}
+	}
+}
+
+func TestAPIKeysFileReload(t *testing.T) {
+	t.Parallel()
+	file := filepath.Join(t.TempDir(), "api-keys")
+	writeFile(t, file, "key-1\nkey-2\n")
+	b := setup(t, Config{APIKeysFile: file})
+	task := `{"task_type":"x","label":"m","return_result":false}`
+	if code, _, _ := b.send("POST", "/run-task", task, "X-API-Key", "key-2"); code != 202 {
+		t.Fatalf("key-2 before the reload: %d", code)
+	}
+	writeFile(t, file, "key-1\n")
+	if err := b.d.ReloadCredentials(); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, _ := b.send("POST", "/run-task", task, "X-API-Key", "key-2"); code != 401 {
+		t.Fatalf("revoked key-2: %d", code)
+	}
+	if code, _, _ := b.send("POST", "/run-task", task, "Authorization", "Bearer key-1"); code != 202 {
+		t.Fatalf("key-1 after the reload: %d", code)
+	}
+	if q := b.d.hub.sched.QueuedTasks(); q != 2 {
+		t.Fatalf("queued %d, want 2", q)
+	}
+}
+
+// BenchmarkProducerAuth is what an API key adds to every /run-task: the header, a
+// sha256 and a constant-time pass over the accepted keys (here 10).
+func BenchmarkProducerAuth(b *testing.B) {
+	keys := make([]string, 10)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("producer-key-%02d-%s", i, strings.Repeat("k", 32))
+	}
+	d, err := New(Config{APIKeys: keys})
+	if err != nil {
+		b.Fatal(err)
+	}
+	h := d.authorize(func(echo.Context) error { return nil })
+	req := httptest.NewRequest(http.MethodPost, "/run-task", nil)
+	req.Header.Set("Authorization", "Bearer "+keys[9])
+	rec := httptest.NewRecorder()
+	c := d.echo.NewContext(req, rec)
+	c.SetPath("/run-task")
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := h(c); err != nil || rec.Code != http.StatusOK {
+			b.Fatal(err, rec.Code)
 		}
 	}
 }
