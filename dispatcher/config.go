@@ -32,8 +32,15 @@ type Config struct {
 
 	// MaxBodyBytes bounds a /run-task body (413 beyond). Zero means 1 MiB.
 	MaxBodyBytes int64
+	// MaxParamsBytes bounds a task's parameters once decoded (413 beyond). Zero means
+	// 1 MiB.
+	MaxParamsBytes int
 	// MaxQueued bounds the tasks waiting for a worker (429 beyond). Zero means 100000.
 	MaxQueued int
+	// MaxQueuedPerLabel bounds the tasks waiting for one label (429 beyond), so that
+	// one flooded label cannot fill the whole queue. Zero means MaxQueued (no bound of
+	// its own).
+	MaxQueuedPerLabel int
 	// TaskRetention is how long a finished task stays visible to GET /tasks/{id} and
 	// answers a resubmission of its id. Zero means 10m.
 	TaskRetention time.Duration
@@ -52,6 +59,29 @@ type Config struct {
 	HelloTimeout time.Duration
 	// MaxFrameBytes is the read limit of a worker connection. Zero means 16 MiB.
 	MaxFrameBytes int64
+
+	// WorkerTokens are the bearer tokens accepted on /worker-listen. With neither
+	// WorkerTokens nor WorkerTokensFile, workers connect without credentials.
+	WorkerTokens []string
+	// WorkerTokensFile holds more worker tokens, one per line (# comments); it is
+	// re-read by ReloadCredentials. Empty means none. A file, even empty, turns worker
+	// auth on.
+	WorkerTokensFile string
+	// APIKeys are the producer keys accepted on the task endpoints (Authorization:
+	// Bearer or X-API-Key). With neither APIKeys nor APIKeysFile, producers need none.
+	APIKeys []string
+	// APIKeysFile holds more API keys, one per line; re-read by ReloadCredentials.
+	APIKeysFile string
+	// OpsAuth makes the ops endpoints (/workers, /labels, /metrics, /debug) require an
+	// API key too; /health never does. False means they are open. Needs API keys.
+	OpsAuth bool
+	// InsecureNoAuth allows a non-loopback Addr without both worker tokens and API
+	// keys. False means such an Addr is refused by New.
+	InsecureNoAuth bool
+	// TLSCert and TLSKey are PEM files; with both set, Run serves HTTPS and wss://.
+	// Empty means plain HTTP.
+	TLSCert string
+	TLSKey  string
 
 	// Logger receives the dispatcher's logs. Zero means a disabled logger.
 	Logger zerolog.Logger
@@ -85,6 +115,12 @@ func (c Config) WithDefaults() Config {
 	if c.MaxQueued == 0 {
 		c.MaxQueued = 100_000
 	}
+	if c.MaxQueuedPerLabel == 0 {
+		c.MaxQueuedPerLabel = c.MaxQueued
+	}
+	if c.MaxParamsBytes == 0 {
+		c.MaxParamsBytes = 1 << 20
+	}
 	if c.TaskRetentionCount == 0 {
 		c.TaskRetentionCount = 100_000
 	}
@@ -115,6 +151,8 @@ func (c Config) validate() error {
 	positive("HelloTimeout", int64(c.HelloTimeout))
 	positive("MaxBodyBytes", c.MaxBodyBytes)
 	positive("MaxQueued", int64(c.MaxQueued))
+	positive("MaxQueuedPerLabel", int64(c.MaxQueuedPerLabel))
+	positive("MaxParamsBytes", int64(c.MaxParamsBytes))
 	positive("TaskRetentionCount", int64(c.TaskRetentionCount))
 	positive("SendQueueFrames", int64(c.SendQueueFrames))
 	positive("MaxFrameBytes", c.MaxFrameBytes)
@@ -122,6 +160,15 @@ func (c Config) validate() error {
 		if u, err := url.Parse(c.UploaderURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			errs = append(errs, fmt.Errorf("UploaderURL %q must be an http(s) URL", c.UploaderURL))
 		}
+	}
+	if (c.TLSCert == "") != (c.TLSKey == "") {
+		errs = append(errs, fmt.Errorf("TLSCert and TLSKey must be set together (got TLSCert %q, TLSKey %q)", c.TLSCert, c.TLSKey))
+	}
+	if c.OpsAuth && len(c.APIKeys) == 0 && c.APIKeysFile == "" {
+		errs = append(errs, errors.New("OpsAuth needs APIKeys or APIKeysFile: the ops endpoints would accept no key"))
+	}
+	if err := c.checkExposure(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -31,6 +32,8 @@ type Dispatcher struct {
 	id   string
 	hub  *hub
 	echo *echo.Echo
+	auth *authenticator
+	tls  *tls.Config // nil: plain HTTP
 	// uploader forwards /upload-model; nil when no uploader is configured.
 	uploader *http.Client
 }
@@ -50,6 +53,14 @@ func New(cfg Config) (*Dispatcher, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("dispatcher config: %w", err)
 	}
+	auth, err := newAuthenticator(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("dispatcher config: %w", err)
+	}
+	tlsCfg, err := serverTLS(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("dispatcher config: %w", err)
+	}
 	h, err := newHub(cfg)
 	if err != nil {
 		return nil, err
@@ -58,10 +69,12 @@ func New(cfg Config) (*Dispatcher, error) {
 	_, _ = rand.Read(b[:])
 	host, _ := os.Hostname()
 	d := &Dispatcher{
-		cfg: cfg,
-		log: cfg.Logger.With().Str("component", "dispatcher").Logger(),
-		id:  host + "-" + hex.EncodeToString(b[:]),
-		hub: h,
+		cfg:  cfg,
+		log:  cfg.Logger.With().Str("component", "dispatcher").Logger(),
+		id:   host + "-" + hex.EncodeToString(b[:]),
+		hub:  h,
+		auth: auth,
+		tls:  tlsCfg,
 	}
 	if cfg.UploaderURL != "" {
 		d.uploader = &http.Client{Timeout: 30 * time.Minute} // model conversion is slow
@@ -78,6 +91,7 @@ func (d *Dispatcher) routes() *echo.Echo {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.Use(middleware.Recover())
+	e.Use(d.authorize)
 	e.HTTPErrorHandler = func(err error, c echo.Context) {
 		if c.Response().Committed {
 			return
@@ -131,6 +145,9 @@ func (d *Dispatcher) runTask(c echo.Context) error {
 		}
 		return c.JSON(http.StatusBadRequest, errorBody{"reading body: " + err.Error()})
 	}
+	if err := d.checkParams(spec); err != nil {
+		return c.JSON(err.status, errorBody{err.msg})
+	}
 	rec, err := d.hub.submit(spec)
 	if err != nil {
 		var se *submitError
@@ -167,21 +184,26 @@ func (d *Dispatcher) runTask(c echo.Context) error {
 }
 
 func (d *Dispatcher) getTask(c echo.Context) error {
-	v, ok := d.hub.lookup(c.Param("id"))
+	id, err := parseTaskID(c.Param("id"))
+	if err != nil {
+		return c.JSON(http.StatusBadRequest, errorBody{err.Error()})
+	}
+	v, ok := d.hub.lookup(id)
 	if !ok {
-		return c.JSON(http.StatusNotFound, errorBody{"unknown task " + c.Param("id")})
+		return c.JSON(http.StatusNotFound, errorBody{"unknown task " + id})
 	}
 	return writeView(c, http.StatusOK, v)
 }
 
 func (d *Dispatcher) getWorkers(c echo.Context) error {
-	switch c.QueryParam("detail") {
-	case "", "false", "0":
-		return c.JSON(http.StatusOK, map[string][]string{"workers": d.hub.workerIDs()})
-	case "true", "1":
+	detail, err := parseWorkersQuery(c.QueryParams())
+	if err != nil {
+		return c.JSON(http.StatusBadRequest, errorBody{err.Error()})
+	}
+	if detail {
 		return c.JSON(http.StatusOK, map[string]any{"workers": d.hub.workerDetails()})
 	}
-	return c.JSON(http.StatusBadRequest, errorBody{"detail must be true or false"})
+	return c.JSON(http.StatusOK, map[string][]string{"workers": d.hub.workerIDs()})
 }
 
 func (d *Dispatcher) uploadModel(c echo.Context) error {
@@ -251,6 +273,9 @@ func (d *Dispatcher) Run(ctx context.Context, ready chan<- net.Addr) error {
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", d.cfg.Addr, err)
 	}
+	if d.tls != nil {
+		ln = tls.NewListener(ln, d.tls)
+	}
 	srv := &http.Server{Handler: d.echo, ReadHeaderTimeout: 10 * time.Second}
 	expiryCtx, stopExpiry := context.WithCancel(context.Background())
 	defer stopExpiry()
@@ -258,7 +283,8 @@ func (d *Dispatcher) Run(ctx context.Context, ready chan<- net.Addr) error {
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
-	d.log.Info().Str("addr", ln.Addr().String()).Str("policy", string(d.cfg.Scheduler.Policy)).Msg("dispatcher listening")
+	d.logAuthMode()
+	d.log.Info().Str("addr", ln.Addr().String()).Str("policy", string(d.cfg.Scheduler.Policy)).Bool("tls", d.tls != nil).Msg("dispatcher listening")
 	if ready != nil {
 		ready <- ln.Addr()
 	}

@@ -31,6 +31,8 @@ type bundle struct {
 	t   *testing.T
 	d   *Dispatcher
 	srv *httptest.Server
+	// workerToken and apiKey, when set, are sent by dial and get.
+	workerToken, apiKey string
 }
 
 func setup(t *testing.T, cfg Config) *bundle {
@@ -77,7 +79,11 @@ func (b *bundle) post(path, body string) (int, map[string]any) {
 
 func (b *bundle) get(path string) (int, map[string]any) {
 	b.t.Helper()
-	resp, err := http.Get(b.srv.URL + path)
+	req, _ := http.NewRequest(http.MethodGet, b.srv.URL+path, nil)
+	if b.apiKey != "" {
+		req.Header.Set("X-API-Key", b.apiKey)
+	}
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		b.t.Fatal(err)
 	}
@@ -114,6 +120,9 @@ func (b *bundle) dialRaw(id string) *fakeWorker {
 	b.t.Helper()
 	h := http.Header{}
 	h.Set("Worker-Id", id)
+	if b.workerToken != "" {
+		h.Set("Authorization", "Bearer "+b.workerToken)
+	}
 	ws, _, err := websocket.DefaultDialer.Dial(b.wsURL(), h)
 	if err != nil {
 		b.t.Fatal(err)

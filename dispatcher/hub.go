@@ -107,6 +107,9 @@ func (h *hub) submit(spec taskSpec) (*taskRecord, error) {
 	if h.sched.QueuedTasks() >= h.cfg.MaxQueued {
 		return nil, &submitError{http.StatusTooManyRequests, fmt.Sprintf("queue full: %d tasks waiting", h.cfg.MaxQueued)}
 	}
+	if err := h.labelQueueFull(spec.label); err != nil {
+		return nil, err
+	}
 	h.active[spec.id] = rec
 	out, err := h.sched.Submit(&rec.sched)
 	if err != nil { // cannot happen for a fresh record; keep the books straight anyway

@@ -13,6 +13,7 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/rs/zerolog"
 
+	"github.com/smartroute/smartroute/proto/credential"
 	"github.com/smartroute/smartroute/proto/frame"
 	pb "github.com/smartroute/smartroute/proto/smartroutev1"
 )
@@ -40,6 +41,9 @@ type workerConn struct {
 	// batch is the socket under ws; the flusher gathers a batch of frames into one
 	// write through it.
 	batch *frame.BatchConn
+	// credential is the hash of the worker token it authenticated with (zero when
+	// worker auth is off); a reload that revokes it closes the connection.
+	credential credential.Hash
 	// log is the dispatcher's logger; records add worker_id themselves, because a
 	// child logger per connection would hold a few hundred bytes for its lifetime.
 	log zerolog.Logger
@@ -206,6 +210,7 @@ func (d *Dispatcher) serveWorker(c echo.Context) error {
 		batch:        hj.conn,
 		log:          d.log,
 		maxQueued:    cfg.SendQueueFrames,
+		credential:   workerCredential(c),
 		writeTimeout: cfg.WriteTimeout,
 		closing:      make(chan struct{}),
 		written:      make(chan struct{}),
@@ -241,6 +246,10 @@ func (d *Dispatcher) serveWorker(c echo.Context) error {
 		<-wc.written
 		close(wc.read)
 		return nil
+	}
+	if !d.auth.workerTokenValid(wc.credential) { // revoked while it said hello
+		d.hub.removeWorker(wc)
+		wc.close(errRevoked)
 	}
 	wc.log.Info().Str("worker_id", id).Uint32("max_labels", hello.GetMaxLabels()).Uint32("slots", hello.GetSlots()).
 		Strs("labels", hello.GetHeldLabels()).Str("agent", wc.agent).Msg("worker connected")

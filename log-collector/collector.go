@@ -8,6 +8,7 @@ package logcollector
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -19,6 +20,7 @@ import (
 	"github.com/labstack/echo/v4/middleware"
 	"github.com/rs/zerolog"
 
+	"github.com/smartroute/smartroute/proto/credential"
 	pb "github.com/smartroute/smartroute/proto/smartroutev1"
 )
 
@@ -63,6 +65,13 @@ type Config struct {
 	// ShutdownTimeout bounds the wait for queries and batches in progress when Run
 	// stops. Zero means 10s.
 	ShutdownTimeout time.Duration
+	// IngestTokens are the bearer tokens accepted on /ingest (give it the agents'
+	// worker tokens). Empty means agents stream without credentials.
+	IngestTokens []string
+	// TLSCert and TLSKey are PEM files; with both set, Run serves HTTPS and wss://.
+	// Empty means plain HTTP.
+	TLSCert string
+	TLSKey  string
 	// Logger receives the collector's own log. The zero value discards it.
 	Logger zerolog.Logger
 
@@ -134,6 +143,9 @@ func (c Config) validate() error {
 	if c.PingInterval >= c.ReadTimeout {
 		errs = append(errs, fmt.Errorf("PingInterval (%s) must be below ReadTimeout (%s)", c.PingInterval, c.ReadTimeout))
 	}
+	if (c.TLSCert == "") != (c.TLSKey == "") {
+		errs = append(errs, fmt.Errorf("TLSCert and TLSKey (--tls-cert, --tls-key) must be set together (got %q, %q)", c.TLSCert, c.TLSKey))
+	}
 	return errors.Join(errs...)
 }
 
@@ -143,6 +155,9 @@ type Collector struct {
 	log   zerolog.Logger
 	store *store
 	echo  *echo.Echo
+	// ingestTokens are the accepted /ingest tokens; nil when none are needed.
+	ingestTokens credential.Set
+	tls          *tls.Config // nil: plain HTTP
 
 	// mu guards streams and stopping. streams holds the live ingest connections; each
 	// handler adds and removes its own, shutdown closes them all.
@@ -162,15 +177,30 @@ func New(cfg Config) (*Collector, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("log collector config: %w", err)
 	}
+	tokens, err := credential.Load("IngestTokens", cfg.IngestTokens, "", "")
+	if err != nil {
+		return nil, fmt.Errorf("log collector config: %w", err)
+	}
+	var tlsCfg *tls.Config
+	if cfg.TLSCert != "" {
+		cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
+		if err != nil {
+			return nil, fmt.Errorf("log collector config: TLSCert/TLSKey: %w", err)
+		}
+		// HTTP/1.1 only: /ingest is a WebSocket upgrade, which HTTP/2 cannot hijack.
+		tlsCfg = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"}}
+	}
 	st, err := newStore(cfg.Dir, cfg.MaxFileBytes, cfg.MaxFiles)
 	if err != nil {
 		return nil, err
 	}
 	c := &Collector{
-		cfg:     cfg,
-		log:     cfg.Logger.With().Str("component", "log_collector").Logger(),
-		store:   st,
-		streams: map[*ingestConn]struct{}{},
+		cfg:          cfg,
+		log:          cfg.Logger.With().Str("component", "log_collector").Logger(),
+		store:        st,
+		streams:      map[*ingestConn]struct{}{},
+		ingestTokens: tokens,
+		tls:          tlsCfg,
 	}
 	c.echo = c.routes()
 	return c, nil
@@ -230,11 +260,14 @@ func (c *Collector) Run(ctx context.Context, ready chan<- net.Addr) error {
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", c.cfg.Addr, err)
 	}
+	if c.tls != nil {
+		ln = tls.NewListener(ln, c.tls)
+	}
 	srv := &http.Server{Handler: c.echo, ReadHeaderTimeout: 10 * time.Second}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 	c.log.Info().Str("addr", ln.Addr().String()).Str("dir", c.cfg.Dir).Int64("max_file_bytes", c.cfg.MaxFileBytes).
-		Int("max_files", c.cfg.MaxFiles).Msg("log collector listening")
+		Int("max_files", c.cfg.MaxFiles).Bool("tls", c.tls != nil).Bool("ingest_auth", c.ingestTokens != nil).Msg("log collector listening")
 	if ready != nil {
 		ready <- ln.Addr()
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/smartroute/smartroute/proto/credential"
 	pb "github.com/smartroute/smartroute/proto/smartroutev1"
 )
 
@@ -108,6 +109,13 @@ func (c *Collector) ingest(ctx echo.Context) error {
 	}
 	if err := checkWorkerID("Worker-Id", id); err != nil {
 		return ctx.JSON(http.StatusBadRequest, errorBody{err.Error()})
+	}
+	if c.ingestTokens != nil {
+		tok, ok := credential.BearerToken(ctx.Request().Header.Get("Authorization"))
+		if !ok || !c.ingestTokens.Holds(credential.Sum(tok)) {
+			ctx.Response().Header().Set("WWW-Authenticate", `Bearer realm="smartroute"`)
+			return ctx.JSON(http.StatusUnauthorized, errorBody{"ingest token missing or refused: send Authorization: Bearer <worker token>"})
+		}
 	}
 	c.mu.Lock()
 	if c.stopping {

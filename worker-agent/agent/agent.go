@@ -21,6 +21,7 @@ import (
 	"github.com/gorilla/websocket"
 	"github.com/rs/zerolog"
 
+	"github.com/smartroute/smartroute/proto/credential"
 	"github.com/smartroute/smartroute/proto/frame"
 	pb "github.com/smartroute/smartroute/proto/smartroutev1"
 	"github.com/smartroute/smartroute/worker-agent/backend"
@@ -102,10 +103,15 @@ func newAgent(cfg Config) (_ *agent, err error) {
 	if err != nil {
 		return nil, err
 	}
+	tlsCfg, err := clientTLS(cfg.CAFile)
+	if err != nil {
+		return nil, err
+	}
 	logOut, ship := cfg.LogOutput, (*logship.Shipper)(nil)
 	if cfg.LogCollectorURL != "" { // tee every record into the shipper; it never blocks
 		own := zerolog.New(cfg.LogOutput).Level(lvl).With().Timestamp().Str("worker_id", cfg.WorkerID).Logger()
-		ship, err = logship.New(logship.Config{URL: cfg.LogCollectorURL, WorkerID: cfg.WorkerID, Agent: "worker-agent " + Version, Logger: own})
+		ship, err = logship.New(logship.Config{URL: cfg.LogCollectorURL, WorkerID: cfg.WorkerID, Agent: "worker-agent " + Version,
+			Token: cfg.WorkerToken, TLS: tlsCfg, Logger: own})
 		if err != nil {
 			return nil, fmt.Errorf("LogCollectorURL: %w", err)
 		}
@@ -143,7 +149,7 @@ func newAgent(cfg Config) (_ *agent, err error) {
 		log:         base.With().Str("component", "agent").Logger(),
 		taskLog:     base.With().Str("component", "task").Logger(),
 		backend:     b,
-		dialer:      &websocket.Dialer{HandshakeTimeout: cfg.HandshakeTimeout, Proxy: http.ProxyFromEnvironment, NetDialContext: dialBatching},
+		dialer:      &websocket.Dialer{HandshakeTimeout: cfg.HandshakeTimeout, Proxy: http.ProxyFromEnvironment, NetDialContext: dialBatching, TLSClientConfig: tlsCfg},
 		agentString: fmt.Sprintf("worker-agent %s backend=%s", Version, b.Name()),
 		logShip:     ship,
 		workCtx:     workCtx,
@@ -297,7 +303,12 @@ func (a *agent) serve(ctx context.Context) error {
 			bo.Reset()
 		}
 		wait := bo.NextBackOff()
-		a.log.Info().Err(err).Float64("retry_in_ms", millis(wait)).Msg("reconnecting after backoff")
+		if authRefused(err) {
+			a.log.Error().Err(err).Bool("token_set", a.cfg.WorkerToken != "").Float64("retry_in_ms", millis(wait)).
+				Msg("the dispatcher refused this worker's token (--worker-token / WORKER_TOKEN); retrying after backoff")
+		} else {
+			a.log.Info().Err(err).Float64("retry_in_ms", millis(wait)).Msg("reconnecting after backoff")
+		}
 		t := time.NewTimer(wait)
 		select {
 		case <-t.C:
@@ -312,6 +323,9 @@ func (a *agent) serve(ctx context.Context) error {
 // reader and writer are running.
 func (a *agent) connect(ctx context.Context) (*session, error) {
 	header := http.Header{"Worker-Id": []string{a.cfg.WorkerID}}
+	if a.cfg.WorkerToken != "" {
+		header.Set("Authorization", credential.Header(a.cfg.WorkerToken))
+	}
 	conn, resp, err := a.dialer.DialContext(ctx, a.cfg.DispatcherURL, header)
 	if err != nil {
 		return nil, dialError(resp, err)

@@ -43,6 +43,12 @@ type Config struct {
 	// DispatcherURL is the dispatcher's worker WebSocket (ws:// or wss://). Empty means
 	// DefaultDispatcherURL.
 	DispatcherURL string
+	// WorkerToken is sent as "Authorization: Bearer <token>" on every dial, and to the
+	// log collector. Empty means none (a dispatcher without worker auth).
+	WorkerToken string
+	// CAFile is a PEM bundle of the CAs trusted for wss:// dispatcher and log collector
+	// URLs, in place of the system roots. Empty means the system roots.
+	CAFile string
 	// WorkerID names this worker, in the Worker-Id header and the hello. Empty means the
 	// host name plus a short random suffix ("host-3f9a1c").
 	WorkerID string
@@ -244,6 +250,9 @@ func (c Config) validate() error {
 	}
 	if c.ReconnectMax < c.ReconnectMin {
 		errs = append(errs, fmt.Errorf("ReconnectMax (%s) must not be below ReconnectMin (%s)", c.ReconnectMax, c.ReconnectMin))
+	}
+	if strings.ContainsAny(c.WorkerToken, " \t\r\n") {
+		errs = append(errs, errors.New("WorkerToken must not contain spaces or line breaks"))
 	}
 	if c.SendQueueSize < 1 {
 		errs = append(errs, fmt.Errorf("SendQueueSize must be at least 1, got %d", c.SendQueueSize))

@@ -50,6 +50,9 @@ func TestInvalidConfigNamesTheField(t *testing.T) {
 		{"DrainTimeout", func(c *agent.Config) { c.DrainTimeout = -time.Second }},
 		{"Sim.RunJitter", func(c *agent.Config) { c.Sim.RunJitter = -time.Second }},
 		{"PingInterval", func(c *agent.Config) { c.PingInterval = time.Minute; c.ReadTimeout = time.Second }},
+		{"WorkerToken", func(c *agent.Config) { c.WorkerToken = "two words" }},
+		{"CAFile", func(c *agent.Config) { c.CAFile = "/nonexistent/ca.pem" }},
+		{"CAFile", func(c *agent.Config) { c.CAFile = "config_test.go" }}, // not PEM
 	} {
 		t.Run(tc.field, func(t *testing.T) {
 			t.Parallel()
@@ -71,6 +74,8 @@ func TestConfigFromArgs(t *testing.T) {
 		"MAX_LABELS":     "3",
 		"SIM_RUN_TIME":   "5ms",
 		"LABELS":         "a, b,,c",
+		"WORKER_TOKEN":   "tok-1",
+		"CA_FILE":        "/etc/ca.pem",
 	}
 	c, err := agent.ConfigFromArgs([]string{"--slots", "2", "--seed=9", "--sim-load-jitter", "10ms"}, func(k string) string { return env[k] }, io.Discard)
 	if err != nil {
@@ -84,6 +89,9 @@ func TestConfigFromArgs(t *testing.T) {
 	}
 	if c.Sim.LoadTime != agent.DefaultSimLoadTime || c.BackendName != "sim" || c.DrainTimeout != 30*time.Second {
 		t.Errorf("defaults not applied: %+v", c)
+	}
+	if c.WorkerToken != "tok-1" || c.CAFile != "/etc/ca.pem" {
+		t.Errorf("WORKER_TOKEN/CA_FILE not applied: %q %q", c.WorkerToken, c.CAFile)
 	}
 	if !slices.Equal(c.Labels, []string{"a", "b", "c"}) {
 		t.Errorf("labels %q", c.Labels)

@@ -13,7 +13,7 @@ import (
 )
 
 // CloseError is a close frame the dispatcher ended the connection with. Run returns it
-// (wrapped) when the code means giving up: REPLACED, PROTOCOL_VERSION, UNAUTHORIZED.
+// (wrapped) when the code means giving up: REPLACED, PROTOCOL_VERSION.
 type CloseError struct {
 	// Code is the WebSocket close code; the application codes are pb.CloseCode values.
 	Code   int
@@ -58,7 +58,8 @@ func closeCodeMeaning(code int) string {
 	return ""
 }
 
-// DialError is a refused WebSocket upgrade. A 401 or 403 makes Run give up.
+// DialError is a refused WebSocket upgrade. A 401 or 403 is retried after a backoff
+// (see authRefused).
 type DialError struct {
 	StatusCode int    // HTTP status of the refused upgrade; 0 when there was no response
 	Body       string // start of the response body, often the dispatcher's {"error": ...}
@@ -105,20 +106,30 @@ func reconnectPolicy(err error) reconnect {
 	if errors.As(err, &fe) {
 		return giveUp
 	}
-	var de *DialError
-	if errors.As(err, &de) && (de.StatusCode == http.StatusUnauthorized || de.StatusCode == http.StatusForbidden) {
-		return giveUp
-	}
 	var ce *CloseError
 	if errors.As(err, &ce) {
 		switch pb.CloseCode(ce.Code) {
-		case pb.CloseCode_CLOSE_CODE_REPLACED, pb.CloseCode_CLOSE_CODE_PROTOCOL_VERSION, pb.CloseCode_CLOSE_CODE_UNAUTHORIZED:
+		case pb.CloseCode_CLOSE_CODE_REPLACED, pb.CloseCode_CLOSE_CODE_PROTOCOL_VERSION:
 			return giveUp
 		case pb.CloseCode_CLOSE_CODE_SLOW_WORKER:
 			return reconnectNow
 		}
 	}
 	return reconnectAfterBackoff
+}
+
+// authRefused reports whether the dispatcher refused this worker's credentials: an
+// upgrade answered 401/403, or a connection closed with UNAUTHORIZED (its token was
+// revoked). The agent keeps retrying with backoff rather than exiting, so that a fleet
+// recovers by itself once an operator fixes the token file and reloads the
+// dispatcher; it logs each refusal at error level.
+func authRefused(err error) bool {
+	var de *DialError
+	if errors.As(err, &de) && (de.StatusCode == http.StatusUnauthorized || de.StatusCode == http.StatusForbidden) {
+		return true
+	}
+	var ce *CloseError
+	return errors.As(err, &ce) && pb.CloseCode(ce.Code) == pb.CloseCode_CLOSE_CODE_UNAUTHORIZED
 }
 
 // asCloseError turns gorilla's close error into ours; other errors pass through.

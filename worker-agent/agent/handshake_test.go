@@ -63,7 +63,6 @@ func TestGiveUpCloseCodes(t *testing.T) {
 	}{
 		{"replaced", pb.CloseCode_CLOSE_CODE_REPLACED, true},
 		{"protocol version", pb.CloseCode_CLOSE_CODE_PROTOCOL_VERSION, false},
-		{"unauthorized", pb.CloseCode_CLOSE_CODE_UNAUTHORIZED, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -93,16 +92,52 @@ func TestGiveUpCloseCodes(t *testing.T) {
 	}
 }
 
-func TestRefusedUpgradeWith401GivesUp(t *testing.T) {
+// A refused token is retried with backoff, not given up on and not in a tight loop:
+// once the dispatcher accepts the token again (the operator fixed its token file), the
+// worker connects by itself. A connection closed with UNAUTHORIZED (a revoked token)
+// does the same.
+func TestRefusedTokenBacksOffAndRecovers(t *testing.T) {
 	t.Parallel()
-	h := setup(t, func(h *harness) { h.refuse = http.StatusUnauthorized })
-	err := h.wait()
-	var de *agent.DialError
-	if !errors.As(err, &de) || de.StatusCode != http.StatusUnauthorized {
-		t.Fatalf("Run = %v, want a DialError with status 401", err)
+	h := setup(t, func(h *harness) {
+		h.refuse = http.StatusUnauthorized
+		h.cfg.WorkerToken = "tok-1"
+		h.cfg.ReconnectMin, h.cfg.ReconnectMax = 20*time.Millisecond, 40*time.Millisecond
+	})
+	start := time.Now()
+	for i := 0; i < 3; i++ {
+		if got := <-h.dials; got != "Bearer tok-1" {
+			t.Fatalf("dial %d sent Authorization %q", i, got)
+		}
 	}
-	if !strings.Contains(err.Error(), "refused by test") {
-		t.Errorf("error %q does not carry the dispatcher's message", err)
+	// Three dials are two waits of at least ReconnectMin/2 (jitter) apart.
+	if el := time.Since(start); el < 20*time.Millisecond {
+		t.Fatalf("three refused dials within %v: no backoff", el)
+	}
+	refusals := func() int {
+		n := 0
+		for _, r := range h.recordsWith("level", "error") {
+			if msg, _ := r["message"].(string); strings.Contains(msg, "refused this worker's token") && strings.Contains(r["error"].(string), "refused by test") {
+				n++
+			}
+		}
+		return n
+	}
+	for refusals() < 2 {
+		time.Sleep(time.Millisecond) // polling the log, bounded by the test timeout
+	}
+	h.mu.Lock()
+	h.refuse = 0
+	h.mu.Unlock()
+	p := h.connect()
+	// Revoked later: closed with UNAUTHORIZED, the worker dials again.
+	p.closeWith(int(pb.CloseCode_CLOSE_CODE_UNAUTHORIZED), "worker token revoked")
+	if p2 := h.connect(); p2.workerID != h.cfg.WorkerID {
+		t.Fatalf("reconnected as %q", p2.workerID)
+	}
+	select {
+	case err := <-h.runErr:
+		t.Fatalf("Run returned %v; it must keep retrying", err)
+	default:
 	}
 }
 

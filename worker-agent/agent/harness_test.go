@@ -44,6 +44,9 @@ type harness struct {
 	mu     sync.Mutex
 	peers  []*peer
 	refuse int // when non-zero, the upgrade is refused with this HTTP status
+	// dials receives the Authorization header of every dial, refused or not; a dial
+	// that finds it full is not recorded.
+	dials chan string
 }
 
 type option func(*harness)
@@ -61,12 +64,17 @@ func setup(t testing.TB, opts ...option) *harness {
 		conns:  make(chan *peer, 16),
 		logs:   &syncBuffer{},
 		runErr: make(chan error, 1),
+		dials:  make(chan string, 64),
 	}
 	upgrader := websocket.Upgrader{}
 	h.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h.mu.Lock()
 		refuse := h.refuse
 		h.mu.Unlock()
+		select {
+		case h.dials <- r.Header.Get("Authorization"):
+		default:
+		}
 		if refuse != 0 {
 			http.Error(w, `{"error":"refused by test"}`, refuse)
 			return

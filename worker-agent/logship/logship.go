@@ -16,6 +16,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -61,6 +62,11 @@ type Config struct {
 	// WorkerID names the stream's worker, in the Worker-Id header and the hello.
 	// Required.
 	WorkerID string
+	// Token, when set, is sent as "Authorization: Bearer <token>" on every dial (the
+	// collector's ingest token). Empty means none.
+	Token string
+	// TLS configures wss:// dialing (a private CA). Nil means the system roots.
+	TLS *tls.Config
 	// Agent is free text for the hello, such as "worker-agent v1.2.3". Empty means
 	// "worker-agent".
 	Agent string
@@ -263,7 +269,7 @@ func New(cfg Config) (*Shipper, error) {
 		url:      u,
 		streamID: hex.EncodeToString(id[:]),
 		log:      cfg.Logger.With().Str("component", "logship").Logger(),
-		dialer:   &websocket.Dialer{HandshakeTimeout: cfg.HandshakeTimeout, Proxy: http.ProxyFromEnvironment},
+		dialer:   &websocket.Dialer{HandshakeTimeout: cfg.HandshakeTimeout, Proxy: http.ProxyFromEnvironment, TLSClientConfig: cfg.TLS},
 		wake:     make(chan struct{}, 1),
 		closing:  make(chan struct{}),
 		hardStop: hardStop,

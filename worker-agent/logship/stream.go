@@ -13,6 +13,7 @@ import (
 	"github.com/gorilla/websocket"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/smartroute/smartroute/proto/credential"
 	pb "github.com/smartroute/smartroute/proto/smartroutev1"
 )
 
@@ -58,7 +59,11 @@ func (s *Shipper) run() {
 // (errFlushed). welcomed says whether the collector accepted the hello.
 func (s *Shipper) session() (welcomed bool, err error) {
 	dctx, cancel := context.WithTimeout(s.hardStop, s.cfg.HandshakeTimeout)
-	conn, resp, err := s.dialer.DialContext(dctx, s.url, http.Header{"Worker-Id": []string{s.cfg.WorkerID}})
+	header := http.Header{"Worker-Id": []string{s.cfg.WorkerID}}
+	if s.cfg.Token != "" {
+		header.Set("Authorization", credential.Header(s.cfg.Token))
+	}
+	conn, resp, err := s.dialer.DialContext(dctx, s.url, header)
 	cancel()
 	if err != nil {
 		return false, dialError(resp, err)

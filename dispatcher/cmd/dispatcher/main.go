@@ -51,6 +51,19 @@ func run() error {
 	runPrior := fs.Duration("run-time-prior", 50*time.Millisecond, "expected task run time before any is observed")
 	passOver := fs.Duration("max-pass-over", 2*time.Second, "floor of how long a task may be passed over for other labels' backlogs")
 	passOverLoads := fs.Float64("pass-over-loads", 100, "how long a task may be passed over, in load times of its label")
+	maxBody := fs.Int64("max-body-bytes", 1<<20, "largest /run-task body; larger gets 413")
+	maxParams := fs.Int("max-params-bytes", 1<<20, "largest decoded parameters_json; larger gets 413")
+	maxQueuedPerLabel := fs.Int("max-queued-per-label", 0, "tasks waiting for one label before /run-task answers 429 (0: --max-queued)")
+	sendQueue := fs.Int("send-queue-frames", 1024, "frames queued for one worker before it is cut off as too slow")
+	maxFrame := fs.Int64("max-frame-bytes", 16<<20, "largest frame read from a worker; larger closes the connection")
+	workerTokens := fs.String("worker-token", "", "comma-separated bearer tokens accepted from workers on /worker-listen (prefer the env var: flags show in ps)")
+	workerTokensFile := fs.String("worker-tokens-file", "", "file of worker tokens, one per line, # comments; re-read on SIGHUP")
+	apiKeys := fs.String("api-key", "", "comma-separated API keys accepted from producers (prefer the env var: flags show in ps)")
+	apiKeysFile := fs.String("api-keys-file", "", "file of API keys, one per line, # comments; re-read on SIGHUP")
+	opsAuth := fs.Bool("ops-auth", false, "the ops endpoints (/workers, /labels, /metrics, /debug) need an API key too")
+	tlsCert := fs.String("tls-cert", "", "PEM certificate: serve HTTPS and wss:// (with --tls-key)")
+	tlsKey := fs.String("tls-key", "", "PEM private key of --tls-cert")
+	insecure := fs.Bool("insecure-no-auth", false, "allow a non-loopback --addr without both worker tokens and API keys")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return err
 	}
@@ -68,11 +81,24 @@ func run() error {
 		RandomDispatch: *random,
 		Scheduler: scheduler.Config{Policy: scheduler.Policy(*policy), MaxAttempts: *maxAttempts,
 			LoadTimePrior: *loadPrior, RunTimePrior: *runPrior, MaxPassOver: *passOver, PassOverLoads: *passOverLoads},
-		TaskTimeout:     *taskTimeout,
-		ShutdownTimeout: *shutdownTimeout,
-		UploaderURL:     *uploaderURL,
-		MaxQueued:       *maxQueued,
-		Logger:          log,
+		TaskTimeout:       *taskTimeout,
+		ShutdownTimeout:   *shutdownTimeout,
+		UploaderURL:       *uploaderURL,
+		MaxQueued:         *maxQueued,
+		MaxQueuedPerLabel: *maxQueuedPerLabel,
+		MaxBodyBytes:      *maxBody,
+		MaxParamsBytes:    *maxParams,
+		SendQueueFrames:   *sendQueue,
+		MaxFrameBytes:     *maxFrame,
+		WorkerTokens:      splitList(*workerTokens),
+		WorkerTokensFile:  *workerTokensFile,
+		APIKeys:           splitList(*apiKeys),
+		APIKeysFile:       *apiKeysFile,
+		OpsAuth:           *opsAuth,
+		TLSCert:           *tlsCert,
+		TLSKey:            *tlsKey,
+		InsecureNoAuth:    *insecure,
+		Logger:            log,
 	})
 	if err != nil {
 		return err
@@ -100,7 +126,33 @@ func run() error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
+	// SIGHUP re-reads the token and key files; an error keeps the previous ones (and
+	// is logged by ReloadCredentials).
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go func() {
+		for {
+			select {
+			case <-hup:
+				_ = d.ReloadCredentials()
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
 	return d.Run(ctx, nil)
+}
+
+// splitList splits a comma-separated flag value, dropping empty items.
+func splitList(s string) []string {
+	var out []string
+	for v := range strings.SplitSeq(s, ",") {
+		if v = strings.TrimSpace(v); v != "" {
+			out = append(out, v)
+		}
+	}
+	return out
 }
 
 // fromEnv sets every flag not given on the command line from its environment variable.

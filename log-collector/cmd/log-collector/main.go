@@ -11,6 +11,9 @@
 //	--max-files         [MAX_FILES]         10: files kept per worker, the current one included
 //	--shutdown-timeout  [SHUTDOWN_TIMEOUT]  10s: how long SIGTERM waits for batches being written
 //	--log-level         [LOG_LEVEL]         info: the collector's own log (JSON on stdout)
+//	--ingest-token      [INGEST_TOKEN]      none: comma-separated bearer tokens accepted on /ingest (the agents' worker tokens)
+//	--tls-cert          [TLS_CERT]          none: PEM certificate; with --tls-key, serve HTTPS and wss://
+//	--tls-key           [TLS_KEY]           none: PEM private key of --tls-cert
 //
 // SIGTERM or SIGINT: the listener closes, every stream is closed with SHUTDOWN (4000),
 // batches being written finish, and the process exits 0. Agents resend what was not
@@ -51,6 +54,9 @@ func run() error {
 	fs.Int64Var(&cfg.MaxFileBytes, "max-file-bytes", logcollector.DefaultMaxFileBytes, "rotate a worker's file before a batch would take it past this size")
 	fs.IntVar(&cfg.MaxFiles, "max-files", logcollector.DefaultMaxFiles, "files kept per worker, the current one included")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", logcollector.DefaultShutdownTimeout, "how long shutdown waits for batches being written")
+	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM certificate: serve HTTPS and wss:// (with --tls-key)")
+	fs.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
+	ingestTokens := fs.String("ingest-token", "", "comma-separated bearer tokens accepted on /ingest (prefer the env var: flags show in ps)")
 	logLevel := fs.String("log-level", "info", "log level of the collector's own log: debug, info, warn, error")
 	fs.VisitAll(func(f *flag.Flag) { f.Usage += " (env " + envName(f.Name) + ")" })
 	if err := fs.Parse(os.Args[1:]); err != nil {
@@ -65,6 +71,11 @@ func run() error {
 	// In Config zero means the default; on the command line it is a mistake.
 	if cfg.MaxFiles < 1 || cfg.MaxFileBytes < 1 {
 		return fmt.Errorf("--max-files (%d) and --max-file-bytes (%d) must be at least 1", cfg.MaxFiles, cfg.MaxFileBytes)
+	}
+	for t := range strings.SplitSeq(*ingestTokens, ",") {
+		if t = strings.TrimSpace(t); t != "" {
+			cfg.IngestTokens = append(cfg.IngestTokens, t)
+		}
 	}
 	level, err := zerolog.ParseLevel(*logLevel)
 	if err != nil {

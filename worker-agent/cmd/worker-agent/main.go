@@ -6,6 +6,8 @@
 //
 //	--dispatcher-url   [DISPATCHER_URL]   ws://127.0.0.1:8080/worker-listen
 //	--worker-id        [WORKER_ID]        host name plus a short random suffix
+//	--worker-token     [WORKER_TOKEN]     none: bearer token sent to the dispatcher and the log collector
+//	--ca-file          [CA_FILE]          none: PEM CAs trusted for wss:// and https:// URLs (default: system roots)
 //	--max-labels       [MAX_LABELS]       2: labels held at once
 //	--slots            [SLOTS]            1: tasks run at once
 //	--labels           [LABELS]           comma-separated labels this worker may load; empty: any
@@ -32,9 +34,11 @@
 // A second signal kills it at once. A Drain frame from the dispatcher does the same.
 //
 // When the dispatcher closes the connection, the close code decides what happens next:
-// REPLACED (4004), PROTOCOL_VERSION (4001) and UNAUTHORIZED (4005), or an upgrade
-// refused with HTTP 401/403, make the worker give up and exit 1 saying why;
-// SLOW_WORKER (4003) reconnects at once; SHUTDOWN (4000), BAD_FRAME (4002),
+// REPLACED (4004) and PROTOCOL_VERSION (4001) make the worker give up and exit 1
+// saying why; SLOW_WORKER (4003) reconnects at once; an upgrade refused with HTTP
+// 401/403 or UNAUTHORIZED (4005) is logged at error level ("the dispatcher refused
+// this worker's token") and retried, so the fleet recovers once the token is fixed;
+// those, SHUTDOWN (4000), BAD_FRAME (4002),
 // HELLO_TIMEOUT (4006), any other code and network errors reconnect after an
 // exponential backoff (100ms doubling to 5s, ±50% jitter, reset after a connection
 // that lived 10s). Every reconnect says hello again with the labels held now.
