@@ -28,7 +28,7 @@ require (
 	github.com/mattn/go-colorable v0.1.15 // indirect
 	github.com/smartroute/smartroute/batch v0.0.0
 	github.com/smartroute/smartroute/dispatcher v0.0.0
-	golang.org/x/sys v0.46.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
 )
 
 replace github.com/smartroute/smartroute/proto => ../proto
