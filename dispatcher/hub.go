@@ -115,7 +115,7 @@ func (h *hub) submit(spec taskSpec) (*taskRecord, error) {
 	}
 	h.active[spec.id] = rec
 	h.met.of(rec).received.Inc()
-	start := time.Now()
+	start := h.met.scheduleStart()
 	out, err := h.sched.Submit(&rec.sched)
 	h.met.scheduled(start)
 	if err != nil { // cannot happen for a fresh record; keep the books straight anyway
@@ -304,7 +304,7 @@ func (h *hub) onResult(wc *workerConn, res *pb.TaskResult) {
 	}
 	loadTime := time.Duration(res.GetLoadDurationUs()) * time.Microsecond
 	runTime := time.Duration(res.GetRunDurationUs()) * time.Microsecond
-	start := time.Now()
+	start := h.met.scheduleStart()
 	out, err := h.sched.Complete(wc.id, &rec.sched, scheduler.Observation{Loaded: res.GetLabelMiss(), LoadTime: loadTime, RunTime: runTime})
 	h.met.scheduled(start)
 	if err != nil {

@@ -14,6 +14,10 @@ import (
 // otherLabel is the label value that labels past Config.MetricsMaxLabels share.
 const otherLabel = "other"
 
+// scheduleSampleEvery: one scheduler call in this many is timed. Two clock reads cost
+// about as much as a scheduler decision on a hit; a sample keeps the distribution.
+const scheduleSampleEvery = 8
+
 // failReason is the reason label of smartroute_dispatcher_tasks_failed_total: a small
 // fixed set, so that error texts never become series.
 type failReason uint8
@@ -53,6 +57,9 @@ type metrics struct {
 	// other. Guarded by hub.mu, like the task records that point into it.
 	byLabel map[string]*labelMetrics
 	other   *labelMetrics
+	// scheduleTick counts scheduler calls for sampling; guarded by hub.mu. Tests set
+	// scheduleEvery to 1 to time every call.
+	scheduleTick, scheduleEvery uint32
 
 	received, completed, failed, hits, loads, evictions *prometheus.CounterVec
 	queueWait, taskDuration, loadDuration, schedule     prometheus.Histogram
@@ -70,20 +77,21 @@ func newMetrics(h *hub, maxLabels int) *metrics {
 	// Task latencies span a hit answered in a millisecond to a queue behind loads.
 	taskBuckets := prometheus.ExponentialBuckets(0.001, 2.5, 14) // 1ms .. ~150s
 	m := &metrics{
-		reg:          prometheus.NewRegistry(),
-		maxLabels:    maxLabels,
-		byLabel:      make(map[string]*labelMetrics),
-		received:     counter("tasks_received_total", "Tasks accepted by POST /run-task (resubmitted ids and refusals not counted).", "label"),
-		completed:    counter("tasks_completed_total", "Tasks answered with a worker's successful result.", "label"),
-		failed:       counter("tasks_failed_total", "Tasks answered with a failure, by reason: deadline, worker_error, workers_lost, shutdown.", "label", "reason"),
-		hits:         counter("label_hits_total", "Tasks completed on a worker that already held their label.", "label"),
-		loads:        counter("label_loads_total", "Task results that report a label load (label misses).", "label"),
-		evictions:    counter("evictions_total", "Labels workers unloaded, by the evicted label.", "label"),
-		queueWait:    histogram("queue_wait_seconds", "Time from submission to the start of each attempt on a worker.", taskBuckets),
-		taskDuration: histogram("task_duration_seconds", "Time from submission to the answer of completed tasks.", taskBuckets),
+		reg:           prometheus.NewRegistry(),
+		maxLabels:     maxLabels,
+		byLabel:       make(map[string]*labelMetrics),
+		scheduleEvery: scheduleSampleEvery,
+		received:      counter("tasks_received_total", "Tasks accepted by POST /run-task (resubmitted ids and refusals not counted).", "label"),
+		completed:     counter("tasks_completed_total", "Tasks answered with a worker's successful result.", "label"),
+		failed:        counter("tasks_failed_total", "Tasks answered with a failure, by reason: deadline, worker_error, workers_lost, shutdown.", "label", "reason"),
+		hits:          counter("label_hits_total", "Tasks completed on a worker that already held their label.", "label"),
+		loads:         counter("label_loads_total", "Task results that report a label load (label misses).", "label"),
+		evictions:     counter("evictions_total", "Labels workers unloaded, by the evicted label.", "label"),
+		queueWait:     histogram("queue_wait_seconds", "Time from submission to the start of each attempt on a worker.", taskBuckets),
+		taskDuration:  histogram("task_duration_seconds", "Time from submission to the answer of completed tasks.", taskBuckets),
 		loadDuration: histogram("load_duration_seconds", "Label load times that workers reported with their results.",
 			prometheus.ExponentialBuckets(0.01, 2, 14)), // 10ms .. ~80s
-		schedule: histogram("schedule_duration_seconds", "Time the scheduler takes to route a submitted task or a completed one.",
+		schedule: histogram("schedule_duration_seconds", "Time the scheduler takes to route a submitted task or a completed one (one call in 8 sampled).",
 			prometheus.ExponentialBuckets(1e-7, 3, 12)), // 100ns .. ~18ms
 		connects: prometheus.NewCounter(prometheus.CounterOpts{Name: "smartroute_dispatcher_worker_connects_total",
 			Help: "Worker connections registered after their hello."}),
@@ -132,8 +140,22 @@ func (m *metrics) of(rec *taskRecord) *labelMetrics {
 	return rec.metrics
 }
 
-// scheduled records how long a scheduler call took since start.
-func (m *metrics) scheduled(start time.Time) { m.schedule.Observe(time.Since(start).Seconds()) }
+// scheduleStart is when a scheduler call starts, for the sampled calls; the zero time
+// for the others. Caller holds hub.mu.
+func (m *metrics) scheduleStart() time.Time {
+	m.scheduleTick++
+	if m.scheduleTick%m.scheduleEvery != 0 {
+		return time.Time{}
+	}
+	return time.Now()
+}
+
+// scheduled records how long a sampled scheduler call took since start.
+func (m *metrics) scheduled(start time.Time) {
+	if !start.IsZero() {
+		m.schedule.Observe(time.Since(start).Seconds())
+	}
+}
 
 // result counts a label load or hit from a worker's result. Caller holds hub.mu.
 func (m *metrics) result(rec *taskRecord, res *pb.TaskResult, loadTime time.Duration) {

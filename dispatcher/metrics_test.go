@@ -53,6 +53,9 @@ func TestMetricsAfterAKnownSequence(t *testing.T) {
 	t.Parallel()
 	b := setup(t, Config{Scheduler: scheduler.Config{MaxAttempts: 1}})
 	m := b.d.hub.met
+	b.d.hub.mu.Lock()
+	m.scheduleEvery = 1 // time every scheduler call, so the count is exact
+	b.d.hub.mu.Unlock()
 	w := b.dial("w1", "a") // two labels, one slot, holds a
 
 	ans := b.postAsync(`{"task_id":"t1","task_type":"x","label":"a"}`)
@@ -299,10 +302,9 @@ func BenchmarkTaskMetrics(b *testing.B) {
 		rec := &recs[i%len(recs)]
 		rec.metrics = nil // a fresh task resolves its label once
 		m.of(rec).received.Inc()
-		start := time.Now()
-		m.scheduled(start)
+		m.scheduled(m.scheduleStart())
 		m.queueWait.Observe(0.001)
-		m.scheduled(start)
+		m.scheduled(m.scheduleStart())
 		m.result(rec, res, 0)
 		m.completedTask(rec, time.Millisecond)
 	}
