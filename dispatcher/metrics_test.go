@@ -34,6 +34,18 @@ func histogram(t *testing.T, h prometheus.Histogram) (uint64, float64) {
 	return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
 }
 
+// await is the answer on ch, failing the test if none comes within a bound.
+func await(t *testing.T, ch <-chan answer) answer {
+	t.Helper()
+	select {
+	case a := <-ch:
+		return a
+	case <-time.After(30 * time.Second):
+		t.Fatal("no answer to the task")
+		return answer{}
+	}
+}
+
 // waitFor polls an observable condition until it holds or the deadline passes.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -60,12 +72,12 @@ func TestMetricsAfterAKnownSequence(t *testing.T) {
 
 	ans := b.postAsync(`{"task_id":"t1","task_type":"x","label":"a"}`)
 	w.result(w.assignment(), true, false, 0) // hit
-	if got := <-ans; got.status != 200 {
+	if got := await(t, ans); got.status != 200 {
 		t.Fatalf("t1: %v", got)
 	}
 	ans = b.postAsync(`{"task_id":"t2","task_type":"x","label":"b"}`)
 	w.result(w.assignment(), true, true, 300_000) // a load into free room
-	if got := <-ans; got.status != 200 {
+	if got := await(t, ans); got.status != 200 {
 		t.Fatalf("t2: %v", got)
 	}
 	ans = b.postAsync(`{"task_id":"t3","task_type":"x","label":"c"}`)
@@ -75,7 +87,7 @@ func TestMetricsAfterAKnownSequence(t *testing.T) {
 	}
 	w.write(&pb.Envelope{Body: &pb.Envelope_LabelEvent{LabelEvent: &pb.LabelEvent{Kind: pb.LabelEvent_KIND_EVICTED, Label: a3.EvictLabel}}})
 	w.result(a3, false, true, 100_000) // loaded, then the task failed
-	if got := <-ans; got.status != 502 {
+	if got := await(t, ans); got.status != 502 {
 		t.Fatalf("t3: %v", got)
 	}
 
@@ -116,7 +128,7 @@ smartroute_dispatcher_queued_tasks_total 1
 
 	// The worker goes away: t4, on its only attempt, fails; shutdown fails t5.
 	w.ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, "bye"), time.Now().Add(time.Second))
-	if got := <-ans4; got.status != 503 {
+	if got := await(t, ans4); got.status != 503 {
 		t.Fatalf("t4: %v", got)
 	}
 	waitFor(t, "the disconnect to be counted", func() bool {
@@ -226,7 +238,7 @@ func TestMetricsEndpointParses(t *testing.T) {
 	w := b.dial("w1", "m")
 	ans := b.postAsync(`{"task_type":"x","label":"m"}`)
 	w.result(w.assignment(), true, false, 0)
-	<-ans
+	await(t, ans)
 
 	resp, err := http.Get(b.srv.URL + "/metrics")
 	if err != nil {
