@@ -83,6 +83,11 @@ type Config struct {
 	TLSCert string
 	TLSKey  string
 
+	// MetricsMaxLabels bounds the labels that get series of their own in /metrics; tasks
+	// of further labels are counted under label="other", so that a fleet with many
+	// labels cannot swamp Prometheus. Zero means 500.
+	MetricsMaxLabels int
+
 	// Logger receives the dispatcher's logs. Zero means a disabled logger.
 	Logger zerolog.Logger
 	// Clock is the scheduler's time source. Nil means the wall clock.
@@ -124,6 +129,9 @@ func (c Config) WithDefaults() Config {
 	if c.TaskRetentionCount == 0 {
 		c.TaskRetentionCount = 100_000
 	}
+	if c.MetricsMaxLabels == 0 {
+		c.MetricsMaxLabels = 500
+	}
 	if c.SendQueueFrames == 0 {
 		c.SendQueueFrames = 1024
 	}
@@ -156,6 +164,7 @@ func (c Config) validate() error {
 	positive("TaskRetentionCount", int64(c.TaskRetentionCount))
 	positive("SendQueueFrames", int64(c.SendQueueFrames))
 	positive("MaxFrameBytes", c.MaxFrameBytes)
+	positive("MetricsMaxLabels", int64(c.MetricsMaxLabels))
 	if c.UploaderURL != "" {
 		if u, err := url.Parse(c.UploaderURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			errs = append(errs, fmt.Errorf("UploaderURL %q must be an http(s) URL", c.UploaderURL))

@@ -20,6 +20,8 @@ import (
 
 	"github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
 
 	pb "github.com/smartroute/smartroute/proto/smartroutev1"
@@ -87,6 +89,10 @@ func New(cfg Config) (*Dispatcher, error) {
 // queued tasks and worker pings run only while Run or RunBackground is running.
 func (d *Dispatcher) Handler() http.Handler { return d.echo }
 
+// Registry is the registry GET /metrics serves; a program embedding the dispatcher
+// may register collectors of its own on it.
+func (d *Dispatcher) Registry() *prometheus.Registry { return d.hub.met.reg }
+
 func (d *Dispatcher) routes() *echo.Echo {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
@@ -113,6 +119,7 @@ func (d *Dispatcher) routes() *echo.Echo {
 	e.GET("/labels", func(c echo.Context) error { return c.JSON(http.StatusOK, d.hub.labelHolders()) })
 	e.POST("/upload-model", d.uploadModel)
 	e.GET("/worker-listen", d.serveWorker)
+	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(d.hub.met.reg, promhttp.HandlerOpts{})))
 	return e
 }
 

@@ -40,6 +40,7 @@ type hub struct {
 	// finished keeps answered tasks for GET /tasks/{id} and resubmissions. It locks
 	// itself; it sits here because it is only touched together with active.
 	finished *expirable.LRU[string, *taskRecord]
+	met      *metrics // per-label children guarded by mu; see metrics.go
 }
 
 func newHub(cfg Config) (*hub, error) {
@@ -51,7 +52,7 @@ func newHub(cfg Config) (*hub, error) {
 	if _, err := rand.Read(b[:]); err != nil {
 		return nil, fmt.Errorf("task id prefix: %w", err)
 	}
-	return &hub{
+	h := &hub{
 		cfg:      cfg,
 		log:      cfg.Logger.With().Str("component", "hub").Logger(),
 		clock:    cfg.Clock,
@@ -60,7 +61,9 @@ func newHub(cfg Config) (*hub, error) {
 		active:   make(map[string]*taskRecord),
 		workers:  make(map[string]*workerConn),
 		finished: expirable.NewLRU[string, *taskRecord](cfg.TaskRetentionCount, nil, cfg.TaskRetention),
-	}, nil
+	}
+	h.met = newMetrics(h, cfg.MetricsMaxLabels)
+	return h, nil
 }
 
 // submitError carries the HTTP status of a refused submission.
@@ -111,7 +114,10 @@ func (h *hub) submit(spec taskSpec) (*taskRecord, error) {
 		return nil, err
 	}
 	h.active[spec.id] = rec
+	h.met.of(rec).received.Inc()
+	start := h.met.scheduleStart()
 	out, err := h.sched.Submit(&rec.sched)
+	h.met.scheduled(start)
 	if err != nil { // cannot happen for a fresh record; keep the books straight anyway
 		delete(h.active, spec.id)
 		return nil, err
@@ -145,6 +151,7 @@ func (h *hub) apply(out *scheduler.Outcome) {
 		}
 		rec.workerID = a.WorkerID
 		rec.queueTime = a.Task.Started.Sub(a.Task.Enqueued) // submit to the start of this attempt
+		h.met.queueWait.Observe(rec.queueTime.Seconds())
 		wc := h.workers[a.WorkerID]
 		if wc == nil {
 			// The scheduler only knows connected workers; a miss here is a bug.
@@ -174,6 +181,7 @@ func (h *hub) apply(out *scheduler.Outcome) {
 		if f.Reason == scheduler.FailAttempts {
 			status = http.StatusServiceUnavailable
 		}
+		h.met.failedTask(rec, failReasonOf(f.Reason))
 		h.finish(rec, statusFailed, status, f.Reason.String())
 	}
 }
@@ -241,6 +249,7 @@ func (h *hub) addWorker(wc *workerConn, hello *pb.Hello) error {
 		delete(h.workers, wc.id)
 		return err
 	}
+	h.met.connects.Inc()
 	h.apply(out)
 	return nil
 }
@@ -295,7 +304,9 @@ func (h *hub) onResult(wc *workerConn, res *pb.TaskResult) {
 	}
 	loadTime := time.Duration(res.GetLoadDurationUs()) * time.Microsecond
 	runTime := time.Duration(res.GetRunDurationUs()) * time.Microsecond
+	start := h.met.scheduleStart()
 	out, err := h.sched.Complete(wc.id, &rec.sched, scheduler.Observation{Loaded: res.GetLabelMiss(), LoadTime: loadTime, RunTime: runTime})
+	h.met.scheduled(start)
 	if err != nil {
 		h.log.Error().Err(err).Str("worker_id", wc.id).Str("task_id", res.GetTaskId()).Msg("complete")
 		return
@@ -303,13 +314,17 @@ func (h *hub) onResult(wc *workerConn, res *pb.TaskResult) {
 	rec.labelMiss = rec.labelMiss || res.GetLabelMiss()
 	rec.loadTime += loadTime
 	rec.runTime = runTime
+	h.met.result(rec, res, loadTime)
 	switch {
 	case res.GetOk():
 		rec.result = resultJSON(res.GetResult())
+		h.met.completedTask(rec, h.clock.Now().Sub(rec.created))
 		h.finish(rec, statusCompleted, http.StatusOK, "")
 	case res.GetDeadlineExceeded() || (!rec.sched.Deadline.IsZero() && !h.clock.Now().Before(rec.sched.Deadline)):
+		h.met.failedTask(rec, failDeadline)
 		h.finish(rec, statusFailed, http.StatusGatewayTimeout, "deadline exceeded while running: "+res.GetError())
 	default:
+		h.met.failedTask(rec, failWorkerError)
 		h.finish(rec, statusFailed, http.StatusBadGateway, "worker error: "+res.GetError())
 	}
 	h.apply(out)
@@ -325,6 +340,9 @@ func (h *hub) onLabelEvent(wc *workerConn, ev *pb.LabelEvent) {
 	case pb.LabelEvent_KIND_LOADED:
 		h.apply(h.sched.LabelLoaded(wc.id, ev.GetLabel()))
 	case pb.LabelEvent_KIND_EVICTED, pb.LabelEvent_KIND_LOAD_FAILED:
+		if ev.GetKind() == pb.LabelEvent_KIND_EVICTED {
+			h.met.label(ev.GetLabel()).evictions.Inc()
+		}
 		h.apply(h.sched.LabelGone(wc.id, ev.GetLabel()))
 	}
 }
@@ -428,6 +446,7 @@ func (h *hub) failAll(reason string) int {
 		if !h.sched.Cancel(&rec.sched) {
 			h.sched.Abandon(&rec.sched)
 		}
+		h.met.failedTask(rec, failShutdown)
 		h.finish(rec, statusFailed, http.StatusServiceUnavailable, reason)
 		n++
 	}

@@ -36,6 +36,7 @@ type taskRecord struct {
 	errMsg     string
 	httpStatus int
 	done       chan struct{}
+	metrics    *labelMetrics // the label's counters, resolved once (metrics.of)
 }
 
 // finished reports whether the task has its final answer. Caller holds hub.mu or has

@@ -262,6 +262,7 @@ func (d *Dispatcher) serveWorker(c echo.Context) error {
 		reason := d.readLoop(wc)
 		d.hub.removeWorker(wc)
 		wc.close(reason)
+		d.hub.met.disconnected(wc.reason.Code)
 		<-wc.written
 		wc.log.Info().Str("worker_id", wc.id).Str("reason", wc.reason.Reason).Str("code", wc.reason.Code.String()).Msg("worker disconnected")
 	}()

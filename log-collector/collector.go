@@ -18,6 +18,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
 
 	"github.com/smartroute/smartroute/proto/credential"
@@ -158,6 +159,7 @@ type Collector struct {
 	// ingestTokens are the accepted /ingest tokens; nil when none are needed.
 	ingestTokens credential.Set
 	tls          *tls.Config // nil: plain HTTP
+	met          *metrics
 
 	// mu guards streams and stopping. streams holds the live ingest connections; each
 	// handler adds and removes its own, shutdown closes them all.
@@ -202,6 +204,7 @@ func New(cfg Config) (*Collector, error) {
 		ingestTokens: tokens,
 		tls:          tlsCfg,
 	}
+	c.met = newMetrics(c)
 	c.echo = c.routes()
 	return c, nil
 }
@@ -232,6 +235,7 @@ func (c *Collector) routes() *echo.Echo {
 	})
 	e.GET("/logs", c.getLogs)
 	e.GET("/ingest", c.ingest)
+	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(c.met.reg, promhttp.HandlerOpts{})))
 	return e
 }
 

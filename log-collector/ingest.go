@@ -301,13 +301,17 @@ func (c *Collector) writeBatch(w *workerLog, ic *ingestConn, b *pb.LogBatch) (ui
 		if e := ic.log.Debug(); e.Enabled() {
 			e.Uint64("seq", seq).Uint64("last_seq", last).Msg("duplicate batch acknowledged, not written")
 		}
+		c.met.duplicates.Inc()
 		return seq, nil
 	}
 	data := c.batchLines(ic.worker, b, last, w.state.Dropped)
 	if err := w.appendBatch(data, seq, b.GetDropped(), c.cfg.MaxFileBytes, c.cfg.MaxFiles); err != nil {
 		ic.log.Error().Err(err).Uint64("seq", seq).Msg("cannot write a log batch")
+		c.met.writeErrs.Inc()
 		return 0, &streamError{code: websocket.CloseInternalServerErr, reason: "cannot write the batch"}
 	}
+	c.met.batches.Inc()
+	c.met.records.Add(float64(len(b.GetRecords())))
 	if h := c.cfg.hooks; h != nil && h.afterWrite != nil {
 		if err := h.afterWrite(ic.worker, seq); err != nil {
 			return 0, err

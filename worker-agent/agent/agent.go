@@ -70,6 +70,7 @@ type agent struct {
 	dialer      *websocket.Dialer
 	agentString string
 	logShip     *logship.Shipper // nil unless LogCollectorURL is set; closed when run returns
+	metrics     *Metrics         // cfg.Metrics; nil means none
 
 	// Set up by start, read-only afterwards.
 	labels   *labelManager
@@ -133,6 +134,9 @@ func newAgent(cfg Config) (_ *agent, err error) {
 		case triton.Name:
 			tc := cfg.Triton
 			tc.Log = base.With().Str("component", "triton").Logger()
+			if cfg.Metrics != nil {
+				tc.OnError = cfg.Metrics.tritonError
+			}
 			if b, err = triton.New(tc); err != nil {
 				return nil, fmt.Errorf("backend %s: %w", cfg.BackendName, err)
 			}
@@ -152,6 +156,7 @@ func newAgent(cfg Config) (_ *agent, err error) {
 		dialer:      &websocket.Dialer{HandshakeTimeout: cfg.HandshakeTimeout, Proxy: http.ProxyFromEnvironment, NetDialContext: dialBatching, TLSClientConfig: tlsCfg},
 		agentString: fmt.Sprintf("worker-agent %s backend=%s", Version, b.Name()),
 		logShip:     ship,
+		metrics:     cfg.Metrics,
 		workCtx:     workCtx,
 		stopWork:    stopWork,
 		drainCh:     make(chan struct{}),
@@ -162,7 +167,8 @@ func newAgent(cfg Config) (_ *agent, err error) {
 }
 
 func (a *agent) run(ctx context.Context) error {
-	if a.logShip != nil { // runs last: flushes the records up to "worker agent stopped"
+	defer a.metrics.track(a)() // deferred first, so it runs after the shipper's Close
+	if a.logShip != nil {      // runs last: flushes the records up to "worker agent stopped"
 		defer func() {
 			if err := a.logShip.Close(); err != nil {
 				a.log.Warn().Err(err).Msg("log shipping stopped with records undelivered")
@@ -217,6 +223,7 @@ func (a *agent) start(ctx context.Context) error {
 	if h := a.cfg.hooks; h != nil {
 		a.labels.onJoin, a.labels.onWait = h.labelJoin, h.labelWait
 	}
+	a.labels.metrics = a.metrics
 	if err := a.labels.adopt(ctx, inv.Loaded); err != nil {
 		return fmt.Errorf("backend %s: %w", a.backend.Name(), err)
 	}
@@ -371,6 +378,7 @@ func (a *agent) connect(ctx context.Context) (*session, error) {
 	a.log.Info().Uint64("conn", s.id).Str("dispatcher_id", welcome.GetDispatcherId()).
 		Strs("held_labels", hello.GetHello().GetHeldLabels()).Bool("unavailable", hello.GetHello().GetUnavailable()).
 		Msg("connected")
+	a.metrics.sessionStarted(s)
 	s.wg.Add(2)
 	go s.writeLoop()
 	go a.readLoop(s)

@@ -86,6 +86,16 @@ type Config struct {
 	CPUProfile string
 	// LogOutput receives the JSON log lines. Nil means standard output.
 	LogOutput io.Writer
+	// MetricsAddr is where RunMany serves /metrics, /healthz and /readyz (and
+	// /debug/pprof/ with Pprof). Empty means off. Run ignores it.
+	MetricsAddr string
+	// Pprof adds /debug/pprof/ to the MetricsAddr server; it needs MetricsAddr. Keep
+	// that address private.
+	Pprof bool
+	// Metrics receives the agent's metrics and answers its readiness; RunMany makes one
+	// for MetricsAddr when nil, shared by its agents. Nil (and no MetricsAddr) means
+	// none.
+	Metrics *Metrics
 	// LogCollectorURL is the log collector the agent also streams its log records to
 	// (ws://host:8090/ingest; http:// and an empty path are accepted, see
 	// logship.IngestURL). Empty means off: the records go to LogOutput only.
@@ -256,6 +266,9 @@ func (c Config) validate() error {
 	}
 	if c.SendQueueSize < 1 {
 		errs = append(errs, fmt.Errorf("SendQueueSize must be at least 1, got %d", c.SendQueueSize))
+	}
+	if c.Pprof && c.MetricsAddr == "" {
+		errs = append(errs, errors.New("Pprof (--pprof) needs MetricsAddr (--metrics-addr): pprof is served there"))
 	}
 	if c.MaxFrameSize < 1024 {
 		errs = append(errs, fmt.Errorf("MaxFrameSize must be at least 1024, got %d", c.MaxFrameSize))

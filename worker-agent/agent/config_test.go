@@ -53,6 +53,7 @@ func TestInvalidConfigNamesTheField(t *testing.T) {
 		{"WorkerToken", func(c *agent.Config) { c.WorkerToken = "two words" }},
 		{"CAFile", func(c *agent.Config) { c.CAFile = "/nonexistent/ca.pem" }},
 		{"CAFile", func(c *agent.Config) { c.CAFile = "config_test.go" }}, // not PEM
+		{"Pprof", func(c *agent.Config) { c.Pprof = true }},
 	} {
 		t.Run(tc.field, func(t *testing.T) {
 			t.Parallel()
@@ -76,6 +77,8 @@ func TestConfigFromArgs(t *testing.T) {
 		"LABELS":         "a, b,,c",
 		"WORKER_TOKEN":   "tok-1",
 		"CA_FILE":        "/etc/ca.pem",
+		"METRICS_ADDR":   ":9100",
+		"PPROF":          "true",
 	}
 	c, err := agent.ConfigFromArgs([]string{"--slots", "2", "--seed=9", "--sim-load-jitter", "10ms"}, func(k string) string { return env[k] }, io.Discard)
 	if err != nil {
@@ -92,6 +95,9 @@ func TestConfigFromArgs(t *testing.T) {
 	}
 	if c.WorkerToken != "tok-1" || c.CAFile != "/etc/ca.pem" {
 		t.Errorf("WORKER_TOKEN/CA_FILE not applied: %q %q", c.WorkerToken, c.CAFile)
+	}
+	if c.MetricsAddr != ":9100" || !c.Pprof {
+		t.Errorf("metrics flags from the environment: %q %v", c.MetricsAddr, c.Pprof)
 	}
 	if !slices.Equal(c.Labels, []string{"a", "b", "c"}) {
 		t.Errorf("labels %q", c.Labels)

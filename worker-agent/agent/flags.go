@@ -52,6 +52,8 @@ func ConfigFromArgs(args []string, getenv func(string) string, output io.Writer)
 	fs.StringVar(&c.LogCollectorURL, "log-collector-url", "", "also stream log records to this log collector, e.g. ws://127.0.0.1:8090/ingest (default: off)")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", DefaultDrainTimeout, "how long a drain waits for in-flight tasks")
 	fs.StringVar(&c.CPUProfile, "cpu-prof", "", "write a pprof CPU profile to this file on exit")
+	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "serve /metrics, /healthz and /readyz on this address, e.g. :9100 (default: off)")
+	fs.BoolVar(&c.Pprof, "pprof", false, "also serve /debug/pprof/ on --metrics-addr (keep that address private)")
 	fs.IntVar(&c.Agents, "agents", 1, "agents to run in this process, named <worker-id>-1..N (load and scale tests)")
 	fs.VisitAll(func(f *flag.Flag) { f.Usage += " (env " + envName(f.Name) + ")" })
 

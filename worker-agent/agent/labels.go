@@ -36,6 +36,8 @@ type labelManager struct {
 	// onJoin and onWait, when set (tests), are called each time an acquire starts
 	// waiting for a load another task started, and for room.
 	onJoin, onWait func(label string)
+	// metrics counts loads; nil means none. Set before the first acquire.
+	metrics *Metrics
 
 	loads sync.WaitGroup // load goroutines in flight
 
@@ -306,6 +308,7 @@ func (m *labelManager) load(label string, e *labelEntry, victim string, task tas
 	start := time.Now()
 	err := m.backend.Load(m.ctx, label)
 	loadDur := time.Since(start)
+	m.metrics.labelLoaded(label, err, loadDur)
 
 	m.mu.Lock()
 	if err != nil {

@@ -15,6 +15,16 @@ func RunMany(ctx context.Context, cfg Config, n int) error {
 	if n < 1 {
 		return fmt.Errorf("agent count must be at least 1, got %d", n)
 	}
+	if cfg.MetricsAddr != "" {
+		if cfg.Metrics == nil {
+			cfg.Metrics = NewMetrics()
+		}
+		stop, err := serveOps(cfg.MetricsAddr, cfg.Metrics, cfg.Pprof)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	if n == 1 {
 		return Run(ctx, cfg)
 	}

@@ -46,6 +46,8 @@ type session struct {
 	wg sync.WaitGroup // the reader and the writer
 
 	tasks int // attempts assigned on this session holding a slot; guarded by agent.mu
+
+	onEnd func() // set before the reader and writer start; end calls it once (metrics)
 }
 
 func newSession(id uint64, conn *websocket.Conn, cfg *Config, log zerolog.Logger) *session {
@@ -108,6 +110,9 @@ func (s *session) end(err error) {
 		s.err = err
 		close(s.done)
 		_ = s.conn.Close()
+		if s.onEnd != nil {
+			s.onEnd()
+		}
 	})
 }
 

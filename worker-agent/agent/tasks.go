@@ -53,6 +53,21 @@ type outcome struct {
 // deadlineExceeded reports whether the attempt ended because its deadline passed.
 func (o outcome) deadlineExceeded() bool { return errors.Is(o.err, errDeadline) }
 
+// metricResult is the result label of smartroute_agent_tasks_total.
+func (o outcome) metricResult(delivered bool) string {
+	switch {
+	case !delivered:
+		return taskDiscarded
+	case o.refused:
+		return taskRefused
+	case o.err == nil:
+		return taskOK
+	case o.deadlineExceeded():
+		return taskDeadline
+	}
+	return taskError
+}
+
 // assign starts an assignment in its own goroutine or refuses it at once. It runs on
 // the reader and never blocks.
 func (a *agent) assign(s *session, asg *pb.TaskAssignment) {
@@ -117,6 +132,7 @@ func (a *agent) runTask(ctx context.Context, s *session, asg *pb.TaskAssignment,
 			Params:  asg.GetParametersJson(),
 		})
 		o.run = time.Since(start)
+		a.metrics.ran(o.run)
 		lease.release()
 		if err == nil && len(o.result) > a.cfg.MaxFrameSize-resultOverhead {
 			err = fmt.Errorf("result of %d bytes does not fit in a frame (limit %d)", len(o.result), a.cfg.MaxFrameSize)
@@ -184,6 +200,7 @@ func (a *agent) finish(s *session, asg *pb.TaskAssignment, received time.Time, o
 		res.Result = o.result
 	}
 	delivered := !o.discard && s.send(&pb.Envelope{Body: &pb.Envelope_Result{Result: res}})
+	a.metrics.taskEnded(o.metricResult(delivered))
 
 	// A result that never reaches the dispatcher gets its own event: the dispatcher
 	// re-queues the task, and counting it as completed here would count it twice.

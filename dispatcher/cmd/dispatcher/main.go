@@ -50,6 +50,7 @@ func run() error {
 	loadPrior := fs.Duration("load-time-prior", 400*time.Millisecond, "expected label load time before any is observed")
 	runPrior := fs.Duration("run-time-prior", 50*time.Millisecond, "expected task run time before any is observed")
 	passOver := fs.Duration("max-pass-over", 2*time.Second, "floor of how long a task may be passed over for other labels' backlogs")
+	metricsMaxLabels := fs.Int("metrics-max-labels", 500, "labels with series of their own in /metrics; the rest count as label=\"other\"")
 	passOverLoads := fs.Float64("pass-over-loads", 100, "how long a task may be passed over, in load times of its label")
 	maxBody := fs.Int64("max-body-bytes", 1<<20, "largest /run-task body; larger gets 413")
 	maxParams := fs.Int("max-params-bytes", 1<<20, "largest decoded parameters_json; larger gets 413")
@@ -98,6 +99,7 @@ func run() error {
 		TLSCert:           *tlsCert,
 		TLSKey:            *tlsKey,
 		InsecureNoAuth:    *insecure,
+		MetricsMaxLabels:  *metricsMaxLabels,
 		Logger:            log,
 	})
 	if err != nil {

@@ -14,6 +14,9 @@
 //	--ingest-token      [INGEST_TOKEN]      none: comma-separated bearer tokens accepted on /ingest (the agents' worker tokens)
 //	--tls-cert          [TLS_CERT]          none: PEM certificate; with --tls-key, serve HTTPS and wss://
 //	--tls-key           [TLS_KEY]           none: PEM private key of --tls-cert
+//	--pprof-addr        [PPROF_ADDR]        none: serve net/http/pprof on this address (keep it private)
+//
+// GET /metrics on --addr serves Prometheus metrics (README, "Metrics").
 //
 // SIGTERM or SIGINT: the listener closes, every stream is closed with SHUTDOWN (4000),
 // batches being written finish, and the process exits 0. Agents resend what was not
@@ -25,6 +28,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
+	"net/http"
+	_ "net/http/pprof"
 	"os"
 	"os/signal"
 	"strings"
@@ -58,6 +64,7 @@ func run() error {
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
 	ingestTokens := fs.String("ingest-token", "", "comma-separated bearer tokens accepted on /ingest (prefer the env var: flags show in ps)")
 	logLevel := fs.String("log-level", "info", "log level of the collector's own log: debug, info, warn, error")
+	pprofAddr := fs.String("pprof-addr", "", "serve net/http/pprof on this address (off when empty; keep it private)")
 	fs.VisitAll(func(f *flag.Flag) { f.Usage += " (env " + envName(f.Name) + ")" })
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return err
@@ -86,6 +93,16 @@ func run() error {
 	c, err := logcollector.New(cfg)
 	if err != nil {
 		return err
+	}
+	if *pprofAddr != "" {
+		// A separate listener, so profiling is never exposed on the ingest address.
+		ln, err := net.Listen("tcp", *pprofAddr)
+		if err != nil {
+			return fmt.Errorf("--pprof-addr: %w", err)
+		}
+		defer ln.Close()
+		go http.Serve(ln, http.DefaultServeMux) // net/http/pprof registers on the default mux
+		cfg.Logger.Info().Str("addr", ln.Addr().String()).Msg("pprof listening")
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()

@@ -92,6 +92,9 @@ type Config struct {
 	Client *http.Client
 	// Log receives the backend's records. The zero logger writes nothing.
 	Log zerolog.Logger
+	// OnError, when set, is called with the Op of every failed Triton call (the agent
+	// counts them in its metrics). Nil means none.
+	OnError func(op string)
 }
 
 // WithDefaults returns a copy of c with zero values replaced by their defaults.
@@ -645,7 +648,14 @@ func flattenNumbers(v any, out []json.Number) ([]json.Number, error) {
 
 // call sends one request and returns the body of a 2xx answer, or an *Error carrying
 // Triton's message for any other status.
-func (b *Backend) call(ctx context.Context, op, model, method, path string, body []byte) ([]byte, error) {
+func (b *Backend) call(ctx context.Context, op, model, method, path string, body []byte) (_ []byte, err error) {
+	if b.cfg.OnError != nil {
+		defer func() {
+			if err != nil {
+				b.cfg.OnError(op)
+			}
+		}()
+	}
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)

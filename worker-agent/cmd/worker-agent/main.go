@@ -28,6 +28,8 @@
 //	--log-collector-url [LOG_COLLECTOR_URL] none: stream logs to a log collector (ws://HOST:8090/ingest) as well as stdout
 //	--agents           [AGENTS]           1: agents in this process, named <worker-id>-1..N (load tests)
 //	--cpu-prof         [CPU_PROF]         none: write a pprof CPU profile here on exit
+//	--metrics-addr     [METRICS_ADDR]     none: serve /metrics, /healthz and /readyz here (e.g. :9100)
+//	--pprof            [PPROF]            false: also serve /debug/pprof/ on --metrics-addr
 //
 // SIGTERM or SIGINT drains: the worker takes no new tasks, waits up to --drain-timeout
 // for those in flight, sends their results, closes the connection normally and exits 0.

@@ -1,0 +1,41 @@
+package logcollector
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// metrics are the collector's Prometheus collectors, on a registry of its own so that
+// tests with many collectors do not collide.
+type metrics struct {
+	reg        *prometheus.Registry
+	batches    prometheus.Counter
+	records    prometheus.Counter
+	duplicates prometheus.Counter
+	writeErrs  prometheus.Counter
+}
+
+func newMetrics(c *Collector) *metrics {
+	counter := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Name: "smartroute_collector_" + name, Help: help})
+	}
+	m := &metrics{
+		reg:        prometheus.NewRegistry(),
+		batches:    counter("batches_total", "Log batches written and acknowledged (duplicates not included)."),
+		records:    counter("records_total", "Log records written, in the batches counted by batches_total."),
+		duplicates: counter("duplicate_batches_total", "Batches acknowledged without writing: already written (resent after a lost ack)."),
+		writeErrs:  counter("write_errors_total", "Batches that could not be written to disk; their stream is closed and the agent resends."),
+	}
+	m.reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		m.batches, m.records, m.duplicates, m.writeErrs,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "smartroute_collector_connected_streams",
+			Help: "Agent log streams connected now."}, func() float64 {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			return float64(len(c.streams))
+		}),
+	)
+	return m
+}
