@@ -33,6 +33,7 @@ const (
 	allOnValues = "ci/values-all-on.yaml"
 	kindValues  = "kind-cfg/values-kind.yaml"
 	release     = "sr"
+	kubeVersion = "1.33.0"
 )
 
 // rendered is one chart rendering: every manifest decoded into its typed object.
@@ -69,8 +70,14 @@ func mergedValues(valueFiles []string, overrides map[string]any) (map[string]any
 
 func renderChart(t testing.TB, c *chart.Chart, vals map[string]any) (*rendered, error) {
 	t.Helper()
+	// A current cluster's version (Helm's default, 1.20, predates the chart's kubeVersion).
+	caps := chartutil.DefaultCapabilities.Copy()
+	caps.KubeVersion = chartutil.KubeVersion{Version: "v" + kubeVersion, Major: "1", Minor: "33"}
+	if !chartutil.IsCompatibleRange(c.Metadata.KubeVersion, caps.KubeVersion.String()) {
+		t.Fatalf("Chart.yaml kubeVersion %q excludes %s", c.Metadata.KubeVersion, kubeVersion)
+	}
 	top, err := chartutil.ToRenderValues(c, vals,
-		chartutil.ReleaseOptions{Name: release, Namespace: "smartroute", IsInstall: true, Revision: 1}, nil)
+		chartutil.ReleaseOptions{Name: release, Namespace: "smartroute", IsInstall: true, Revision: 1}, caps)
 	if err != nil {
 		return nil, err
 	}
