@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"sort"
@@ -547,6 +548,17 @@ func TestChartRejectsBadValues(t *testing.T) {
 				t.Errorf("error %q does not name %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// A values file with a typo, as a user would pass with -f.
+func TestChartRejectsBadValuesFile(t *testing.T) {
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	if err := os.WriteFile(bad, []byte("workers:\n  replica: 3\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := render(t, nil, bad); err == nil || !strings.Contains(err.Error(), "replica") {
+		t.Fatalf("render with a misspelt field: %v, want an error naming it", err)
 	}
 }
 
