@@ -331,7 +331,7 @@ func TestChartDefaultValues(t *testing.T) {
 	if _, ok := de["INSECURE_NO_AUTH"]; ok {
 		t.Error("default values run the dispatcher with INSECURE_NO_AUTH")
 	}
-	if de["WORKER_TOKENS_FILE"].Value == "" || de["DATA_DIR"].Value != "/data" {
+	if de["WORKER_TOKENS_FILE"].Value == "" || de["API_KEYS_FILE"].Value == "" || de["DATA_DIR"].Value != "/data" {
 		t.Errorf("dispatcher env lacks the tokens file or the data dir: %v", de)
 	}
 	var dataClaim string
@@ -398,8 +398,16 @@ func TestChartDefaultValues(t *testing.T) {
 
 	sec := one[*corev1.Secret](t, r, "sr-smartroute-auth")
 	tok := sec.StringData["worker-token"]
-	if len(tok) < 32 || !strings.Contains(sec.StringData["worker-tokens"], tok) {
-		t.Errorf("generated worker token %q too short or not among the accepted tokens", tok)
+	if len(tok) < 32 || !strings.Contains(sec.StringData["worker-tokens"], tok) || sec.StringData["ingest-tokens"] != tok {
+		t.Errorf("generated worker token %q too short or not among the accepted tokens: %v", tok, sec.StringData)
+	}
+	// Both sides need a credential, or the dispatcher refuses to bind beyond loopback.
+	if key := sec.StringData["api-keys"]; len(key) < 32 || key == tok {
+		t.Errorf("generated API key %q too short or equal to the worker token", key)
+	}
+	ce := env(container(t, one[*appsv1.StatefulSet](t, r, "sr-smartroute-log-collector").Spec.Template.Spec, "log-collector"))
+	if ce["INGEST_TOKEN"].ValueFrom == nil || ce["INGEST_TOKEN"].ValueFrom.SecretKeyRef.Key != "ingest-tokens" {
+		t.Errorf("collector INGEST_TOKEN = %+v, want the Secret's ingest-tokens", ce["INGEST_TOKEN"])
 	}
 
 	coll := one[*appsv1.StatefulSet](t, r, "sr-smartroute-log-collector")
@@ -467,7 +475,8 @@ func TestChartAllOn(t *testing.T) {
 	}
 	sec := one[*corev1.Secret](t, r, "sr-smartroute-auth")
 	if sec.StringData["api-keys"] != "ci-producer-key-1\nci-producer-key-2" ||
-		sec.StringData["worker-tokens"] != "ci-worker-token\nci-next-worker-token" {
+		sec.StringData["worker-tokens"] != "ci-worker-token\nci-next-worker-token" ||
+		sec.StringData["ingest-tokens"] != "ci-worker-token,ci-next-worker-token" {
 		t.Errorf("auth secret = %v", sec.StringData)
 	}
 	checkDashboard(t, one[*corev1.ConfigMap](t, r, "sr-smartroute-dashboard"))
