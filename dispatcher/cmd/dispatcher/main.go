@@ -65,6 +65,8 @@ func run() error {
 	tlsCert := fs.String("tls-cert", "", "PEM certificate: serve HTTPS and wss:// (with --tls-key)")
 	tlsKey := fs.String("tls-key", "", "PEM private key of --tls-cert")
 	insecure := fs.Bool("insecure-no-auth", false, "allow a non-loopback --addr without both worker tokens and API keys")
+	dataDir := fs.String("data-dir", "./data", "directory of the journal of asynchronous tasks (empty: no journal, a crash loses them)")
+	retention := fs.Duration("task-retention", 10*time.Minute, "how long a finished task answers GET /tasks/{id} and resubmissions of its id")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return err
 	}
@@ -100,6 +102,8 @@ func run() error {
 		TLSKey:            *tlsKey,
 		InsecureNoAuth:    *insecure,
 		MetricsMaxLabels:  *metricsMaxLabels,
+		DataDir:           *dataDir,
+		TaskRetention:     *retention,
 		Logger:            log,
 	})
 	if err != nil {
