@@ -306,12 +306,20 @@ func (h *hub) apply(out *scheduler.Outcome) {
 	}
 	for _, f := range out.Failed {
 		rec := f.Task.Ref.(*taskRecord)
-		status := http.StatusGatewayTimeout
-		if f.Reason == scheduler.FailAttempts {
+		status, msg := http.StatusGatewayTimeout, f.Reason.String()
+		switch f.Reason {
+		case scheduler.FailAttempts:
 			status = http.StatusServiceUnavailable
+		case scheduler.FailLoad:
+			status, msg = http.StatusBadGateway, msg+": "+f.LoadError
+		case scheduler.FailLabelFailing:
+			// 503: the label may work again after the cool-down.
+			status = http.StatusServiceUnavailable
+			msg = fmt.Sprintf("label %q is failing to load (%d failures within %v; cool-down %v): %s", f.Task.Label,
+				h.cfg.Scheduler.LabelFailureThreshold, h.cfg.Scheduler.LabelFailureWindow, h.cfg.Scheduler.LabelFailureCooldown, f.LoadError)
 		}
 		h.met.failedTask(rec, failReasonOf(f.Reason))
-		h.finish(rec, statusFailed, status, f.Reason.String())
+		h.finish(rec, statusFailed, status, msg)
 	}
 }
 
@@ -432,6 +440,16 @@ func (h *hub) onResult(wc *workerConn, res *pb.TaskResult) {
 			return
 		}
 		h.log.Debug().Str("worker_id", wc.id).Str("task_id", res.GetTaskId()).Str("reason", res.GetError()).Msg("worker refused task; requeued")
+		h.apply(out)
+		return
+	}
+	if res.GetLoadFailed() {
+		out, err := h.sched.LoadFailed(wc.id, &rec.sched, res.GetError())
+		if err != nil {
+			h.log.Error().Err(err).Str("worker_id", wc.id).Str("task_id", res.GetTaskId()).Msg("load failed")
+			return
+		}
+		h.log.Debug().Str("worker_id", wc.id).Str("task_id", res.GetTaskId()).Str("label", rec.sched.Label).Str("reason", res.GetError()).Msg("label load failed; task runs elsewhere")
 		h.apply(out)
 		return
 	}
