@@ -41,6 +41,8 @@ type clusterSpec struct {
 	random         bool
 	cfg            Config
 	onProcessStart func(name string, pid int)
+	// dispatcherArgs are passed to the dispatcher after the usual ones (the soak's).
+	dispatcherArgs []string
 }
 
 // pollInterval is how often readiness is checked.
@@ -162,7 +164,7 @@ func startCluster(ctx context.Context, spec clusterSpec) (_ *cluster, err error)
 			return c, err
 		}
 		c.baseURL = "http://" + addr
-		c.dispatcher, err = startProcess("dispatcher", spec.bins.dispatcher, dispatcherArgs(cfg, addr, spec.random), env, spec.dir)
+		c.dispatcher, err = startProcess("dispatcher", spec.bins.dispatcher, append(dispatcherArgs(cfg, addr, spec.random), spec.dispatcherArgs...), env, spec.dir)
 		if err != nil {
 			return c, err
 		}
