@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -77,9 +78,28 @@ type SoakResult struct {
 	HeapEnd       uint64
 	RSSStart      uint64 // dispatcher resident set, end of warm-up
 	RSSEnd        uint64
+	Samples       []memSample // from the end of the warm-up to the end
 	MaxGrowth     float64
 	WarmUp        time.Duration
 	DispatcherPID int
+}
+
+// soakSamples is how many times memory is sampled after the warm-up.
+const soakSamples = 10
+
+// memSample is the dispatcher's memory at one moment.
+type memSample struct{ Heap, RSS uint64 }
+
+// medianOf returns the median heap and the median RSS of samples (not empty).
+func medianOf(samples []memSample) (heap, rss uint64) {
+	hs := make([]uint64, len(samples))
+	rs := make([]uint64, len(samples))
+	for i, m := range samples {
+		hs[i], rs[i] = m.Heap, m.RSS
+	}
+	slices.Sort(hs)
+	slices.Sort(rs)
+	return hs[len(hs)/2], rs[len(rs)/2]
 }
 
 // HeapGrowth and RSSGrowth are the relative change from start to end.
@@ -116,8 +136,14 @@ func (r SoakResult) Write(w io.Writer) {
 	fmt.Fprintf(w, "rate          %.0f tasks/s target, %.0f achieved, for %v\n", r.Rate, r.Achieved, r.Duration.Round(time.Second))
 	fmt.Fprintf(w, "tasks         %d sent, %d ok, %d errors\n", r.Sent, r.OK, r.Errors)
 	fmt.Fprintf(w, "latency       p50 %.1f ms, p99 %.1f ms, max %.1f ms\n", ms(r.Latency.P50), ms(r.Latency.P99), ms(r.Latency.Max))
-	fmt.Fprintf(w, "heap (GC'd)   %.1f MiB after %v warm-up, %.1f MiB at the end (%+.1f%%)\n", mib(r.HeapStart), r.WarmUp, mib(r.HeapEnd), 100*r.HeapGrowth())
-	fmt.Fprintf(w, "RSS           %.1f MiB after %v warm-up, %.1f MiB at the end (%+.1f%%)\n", mib(r.RSSStart), r.WarmUp, mib(r.RSSEnd), 100*r.RSSGrowth())
+	fmt.Fprintf(w, "heap (GC'd)   %.1f MiB after the %v warm-up, %.1f MiB at the end (%+.1f%%; medians of 3 samples)\n", mib(r.HeapStart), r.WarmUp, mib(r.HeapEnd), 100*r.HeapGrowth())
+	fmt.Fprintf(w, "RSS           %.1f MiB after the %v warm-up, %.1f MiB at the end (%+.1f%%)\n", mib(r.RSSStart), r.WarmUp, mib(r.RSSEnd), 100*r.RSSGrowth())
+	var heaps, rsss []string
+	for _, m := range r.Samples {
+		heaps = append(heaps, fmt.Sprintf("%.1f", mib(m.Heap)))
+		rsss = append(rsss, fmt.Sprintf("%.1f", mib(m.RSS)))
+	}
+	fmt.Fprintf(w, "samples (MiB) heap %s\n              RSS  %s\n", strings.Join(heaps, " "), strings.Join(rsss, " "))
 	if f := r.Failures(); len(f) > 0 {
 		fmt.Fprintf(w, "FAIL          %s\n", strings.Join(f, "; "))
 	} else {
@@ -177,38 +203,60 @@ func Soak(ctx context.Context, cfg SoakConfig) (SoakResult, error) {
 	}
 	res.WarmUp = min(30*time.Second, cfg.Duration/5)
 	cfg.Logger.Info().Float64("rate", res.Rate).Dur("duration", cfg.Duration).Dur("warm_up", res.WarmUp).Msg("soak running")
-	sample := func() (heap, rss uint64, err error) {
-		if heap, err = heapInUse(ctx, client, "http://"+pprofAddr); err != nil {
-			return 0, 0, err
+	sample := func() (memSample, error) {
+		heap, err := heapInUse(ctx, client, "http://"+pprofAddr)
+		if err != nil {
+			return memSample{}, err
 		}
-		rss, err = residentBytes(res.DispatcherPID)
-		return heap, rss, err
+		rss, err := residentBytes(res.DispatcherPID)
+		return memSample{heap, rss}, err
 	}
+	// Memory is sampled soakSamples times from the end of the warm-up on; start and
+	// end are the medians of the first and last three samples, so that one sample
+	// caught with a burst of requests in flight does not decide the verdict.
+	var samples []memSample
 	var sampleErr error
-	var mu sync.Mutex
+	sampled := make(chan struct{})
+	runCtx, stopSampling := context.WithCancel(ctx)
+	go func() {
+		defer close(sampled)
+		every := (cfg.Duration - res.WarmUp) / soakSamples
+		next := time.NewTimer(res.WarmUp)
+		defer next.Stop()
+		for len(samples) < soakSamples {
+			select {
+			case <-runCtx.Done():
+				return
+			case <-next.C:
+			}
+			m, err := sample()
+			if err != nil {
+				sampleErr = err
+				return
+			}
+			samples = append(samples, m)
+			next.Reset(every)
+		}
+	}()
 	start := time.Now()
-	warm := time.AfterFunc(res.WarmUp, func() {
-		h, r, err := sample()
-		mu.Lock()
-		res.HeapStart, res.RSSStart, sampleErr = h, r, err
-		mu.Unlock()
-	})
-	defer warm.Stop()
 	latencies := l.openLoop(ctx, res.Rate, cfg.Duration)
 	res.Duration = time.Since(start)
+	stopSampling()
+	<-sampled
 	if ctx.Err() != nil {
 		return res, ctx.Err()
 	}
-	heap, rss, err := sample()
+	if sampleErr != nil {
+		return res, fmt.Errorf("dispatcher memory: %w", sampleErr)
+	}
+	last, err := sample()
 	if err != nil {
 		return res, fmt.Errorf("dispatcher memory: %w", err)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if sampleErr != nil {
-		return res, fmt.Errorf("dispatcher memory after the warm-up: %w", sampleErr)
-	}
-	res.HeapEnd, res.RSSEnd = heap, rss
+	samples = append(samples, last)
+	res.Samples = samples
+	res.HeapStart, res.RSSStart = medianOf(samples[:min(3, len(samples))])
+	res.HeapEnd, res.RSSEnd = medianOf(samples[max(0, len(samples)-3):])
 	res.Sent, res.OK, res.Errors = l.sent.Load(), l.ok.Load(), l.errors.Load()
 	res.FirstError = l.firstErr()
 	res.Achieved = float64(res.OK) / res.Duration.Seconds()
