@@ -578,6 +578,13 @@ func (h *hub) beginShutdown() <-chan struct{} {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.closing = true
+	// Queued journaled tasks need not hold shutdown up: no producer waits on them,
+	// and the next start runs them.
+	for id, rec := range h.active {
+		if rec.journaled && h.sched.Cancel(&rec.sched) {
+			delete(h.active, id)
+		}
+	}
 	ch := make(chan struct{})
 	if len(h.active) == 0 {
 		close(ch)

@@ -249,37 +249,43 @@ func (j *journal) load(now time.Time) (pending, answered []journalEntry, err err
 
 // sweep deletes answers older than the retention, looking at no more than limit
 // records per call and carrying on where the last call stopped. It returns how many
-// it deleted.
+// it deleted. A sweep that finds nothing writes nothing.
 func (j *journal) sweep(now time.Time, limit int) (int, error) {
+	var expired [][]byte
 	deleted := 0
-	err := j.db.Update(func(tx *bolt.Tx) error {
+	err := j.db.View(func(tx *bolt.Tx) error {
 		c := tx.Bucket(tasksBucket).Cursor()
 		k, v := c.Seek(j.sweepFrom)
-		for n := 0; n < limit; n++ {
-			if k == nil {
-				j.sweepFrom = nil // wrap around on the next call
-				return nil
-			}
+		for n := 0; n < limit && k != nil; n++ {
 			if j.expired(finishedAt(v), now) {
-				key := bytes.Clone(k)
-				if err := c.Delete(); err != nil {
-					return err
-				}
-				deleted++
-				// Seeking the deleted key lands on the record after it.
-				k, v = c.Seek(key)
-				continue
+				expired = append(expired, bytes.Clone(k))
 			}
 			k, v = c.Next()
 		}
-		if k != nil {
-			j.sweepFrom = append(j.sweepFrom[:0], k...)
-		} else {
-			j.sweepFrom = nil
+		j.sweepFrom = bytes.Clone(k) // nil at the end: the next sweep starts over
+		return nil
+	})
+	if err != nil || len(expired) == 0 {
+		return 0, err
+	}
+	err = j.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(tasksBucket)
+		for _, k := range expired {
+			// Look again: the id may have been accepted anew since the scan.
+			if v := b.Get(k); v == nil || !j.expired(finishedAt(v), now) {
+				continue
+			}
+			if err := b.Delete(k); err != nil {
+				return err
+			}
+			deleted++
 		}
 		return nil
 	})
-	return deleted, err
+	if err != nil {
+		return 0, err
+	}
+	return deleted, nil
 }
 
 // close writes the queued answers and closes the file. Idempotent.

@@ -308,3 +308,22 @@ func FuzzDecodeJournalEntry(f *testing.F) {
 		}
 	})
 }
+
+// Shutdown does not wait for queued journaled tasks: they stay in the journal and the
+// next start runs them.
+func TestShutdownLeavesQueuedJournaledTasks(t *testing.T) {
+	dir := t.TempDir()
+	clock := &testClock{now: time.Now()}
+	first := setupJournaled(t, dir, clock)
+	first.post("/run-task", `{"task_id":"q-1","task_type":"t","label":"m","return_result":false}`)
+	select {
+	case <-first.d.hub.beginShutdown():
+	case <-time.After(10 * time.Second):
+		t.Fatal("shutdown waits for a queued journaled task")
+	}
+	first.d.Close()
+	second := setupJournaled(t, dir, clock)
+	if code, out := second.get("/tasks/q-1"); code != 200 || out["status"] != "queued" {
+		t.Fatalf("after restart: %d %v", code, out)
+	}
+}
