@@ -60,16 +60,19 @@ func scaled(d time.Duration, scale float64) time.Duration {
 	return time.Duration(float64(d) * scale)
 }
 
-func dispatcherArgs(cfg Config, addr string, random bool) []string {
+// dispatcherArgs are the dispatcher's flags: its journal goes under dir (never the
+// working directory), and extra come last.
+func dispatcherArgs(cfg Config, addr string, random bool, dir string, extra []string) []string {
 	args := []string{
 		"--addr", addr,
 		"--random-dispatch=" + strconv.FormatBool(random),
 		"--log-level", cfg.LogLevel,
+		"--data-dir", filepath.Join(dir, "dispatcher-data"),
 	}
 	if cfg.TaskTimeout > 0 {
 		args = append(args, "--task-timeout", cfg.TaskTimeout.String())
 	}
-	return args
+	return append(args, extra...)
 }
 
 // agentArgs are agent i's flags; tritonURL is its Triton's with BackendTriton.
@@ -164,7 +167,7 @@ func startCluster(ctx context.Context, spec clusterSpec) (_ *cluster, err error)
 			return c, err
 		}
 		c.baseURL = "http://" + addr
-		c.dispatcher, err = startProcess("dispatcher", spec.bins.dispatcher, append(dispatcherArgs(cfg, addr, spec.random), spec.dispatcherArgs...), env, spec.dir)
+		c.dispatcher, err = startProcess("dispatcher", spec.bins.dispatcher, dispatcherArgs(cfg, addr, spec.random, spec.dir, spec.dispatcherArgs), env, spec.dir)
 		if err != nil {
 			return c, err
 		}

@@ -180,7 +180,7 @@ func Soak(ctx context.Context, cfg SoakConfig) (SoakResult, error) {
 		return res, err
 	}
 	c, err := startCluster(ctx, clusterSpec{bins: bins, dir: dir, cfg: cfg.Config, dispatcherArgs: []string{
-		"--pprof-addr", pprofAddr, "--task-retention", cfg.Retention.String(), "--data-dir", filepath.Join(dir, "data")}})
+		"--pprof-addr", pprofAddr, "--task-retention", cfg.Retention.String()}})
 	if err != nil {
 		return res, err
 	}
