@@ -34,9 +34,10 @@ type SoakConfig struct {
 	// Concurrency bounds the requests in flight (the probe's producers, and the open
 	// loop's ceiling). Zero means 64.
 	Concurrency int
-	// Retention is the dispatcher's --task-retention: short, so that answers kept for
-	// GET /tasks reach their steady state within the warm-up and what the memory
-	// check sees is growth, not the retention filling. Zero means 10s.
+	// Retention is the dispatcher's --task-retention. Answers kept for GET /tasks are
+	// rate × retention records (about 1 KiB each), whose number follows the achieved
+	// rate of the last retention window; a long retention makes the memory check
+	// measure the producer's jitter instead of growth. Zero means 1s.
 	Retention time.Duration
 	// MaxGrowth is how much the dispatcher's memory may change between the end of
 	// the warm-up and the end of the run. Zero means 0.10.
@@ -55,7 +56,7 @@ func (c SoakConfig) withDefaults() SoakConfig {
 		c.Concurrency = 64
 	}
 	if c.Retention == 0 {
-		c.Retention = 10 * time.Second
+		c.Retention = time.Second
 	}
 	if c.MaxGrowth == 0 {
 		c.MaxGrowth = 0.10

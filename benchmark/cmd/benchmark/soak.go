@@ -26,7 +26,7 @@ func soak(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.Float64Var(&cfg.Rate, "rate", 0, "tasks per second; 0 measures capacity first and uses 80% of it")
 	fs.DurationVar(&cfg.ProbeDuration, "probe", 10*time.Second, "how long the capacity probe runs")
 	fs.IntVar(&cfg.Concurrency, "concurrency", 64, "requests in flight at most (the probe's closed-loop producers)")
-	fs.DurationVar(&cfg.Retention, "task-retention", 10*time.Second, "dispatcher --task-retention (short: retained answers reach steady state in the warm-up)")
+	fs.DurationVar(&cfg.Retention, "task-retention", time.Second, "dispatcher --task-retention (short: the retained answers, rate × retention of them, follow the achieved rate and would swamp a leak check)")
 	fs.Float64Var(&cfg.MaxGrowth, "max-growth", 0.10, "largest relative change of the dispatcher's memory allowed")
 	fs.IntVar(&cfg.NumWorkers, "num-workers", cfg.NumWorkers, "worker agents")
 	fs.IntVar(&cfg.Slots, "slots", cfg.Slots, "tasks each agent runs at once")
