@@ -237,6 +237,8 @@ func (h *hub) recover(pending, answered []journalEntry) (requeued, expired int) 
 	for _, e := range answered {
 		h.finished.Add(e.ID, recordFromEntry(e))
 	}
+	// In the order they were accepted: the journal is keyed by id.
+	sort.Slice(pending, func(i, j int) bool { return pending[i].Created < pending[j].Created })
 	now := h.clock.Now()
 	for _, e := range pending {
 		rec := &taskRecord{taskType: e.TaskType, params: e.Params, created: time.Unix(0, e.Created),

@@ -327,3 +327,19 @@ func TestShutdownLeavesQueuedJournaledTasks(t *testing.T) {
 		t.Fatalf("after restart: %d %v", code, out)
 	}
 }
+
+// Recovered tasks run in the order they were accepted, not in the journal's key order.
+func TestJournalRecoversInAcceptOrder(t *testing.T) {
+	dir := t.TempDir()
+	clock := &testClock{now: time.Now()}
+	first := setupJournaled(t, dir, clock)
+	first.post("/run-task", `{"task_id":"z-first","task_type":"t","label":"m","return_result":false}`)
+	clock.advance(time.Millisecond)
+	first.post("/run-task", `{"task_id":"a-second","task_type":"t","label":"m","return_result":false}`)
+	first.d.Close()
+	second := setupJournaled(t, dir, clock)
+	w := second.dial("w1")
+	if a := w.assignment(); a.TaskId != "z-first" {
+		t.Fatalf("first recovered assignment %s, want z-first", a.TaskId)
+	}
+}
