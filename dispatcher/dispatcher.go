@@ -299,6 +299,7 @@ func (d *Dispatcher) RunBackground(ctx context.Context) {
 func (d *Dispatcher) Run(ctx context.Context, ready chan<- net.Addr) error {
 	ln, err := net.Listen("tcp", d.cfg.Addr)
 	if err != nil {
+		d.Close()
 		return fmt.Errorf("listen on %s: %w", d.cfg.Addr, err)
 	}
 	if d.tls != nil {
@@ -318,6 +319,7 @@ func (d *Dispatcher) Run(ctx context.Context, ready chan<- net.Addr) error {
 	}
 	select {
 	case err := <-serveErr:
+		d.Close()
 		return fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
 	}
