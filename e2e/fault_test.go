@@ -36,9 +36,9 @@ func envInt(t *testing.T, name string, def int) int {
 	return n
 }
 
-// post sends one task and returns the status and the answer; it does not fail the
+// postTask sends one task and returns the status and the answer; it does not fail the
 // test, so producer goroutines can use it.
-func post(ctx context.Context, addr, body string) (int, taskAnswer, error) {
+func postTask(ctx context.Context, addr, body string) (int, taskAnswer, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/run-task", strings.NewReader(body))
 	if err != nil {
 		return 0, taskAnswer{}, err
@@ -120,7 +120,7 @@ func TestFaultAgentKills(t *testing.T) {
 				}
 				id := fmt.Sprintf("kill-%d-%d", g, i)
 				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-				code, a, err := post(ctx, s.addr, task(id, fmt.Sprintf("model-%d", (g+i)%6), ""))
+				code, a, err := postTask(ctx, s.addr, task(id, fmt.Sprintf("model-%d", (g+i)%6), ""))
 				cancel()
 				mu.Lock()
 				answers[id] = append(answers[id], result{code, a, err})
@@ -190,7 +190,7 @@ func TestFaultDispatcherCrashWithJournaledTasks(t *testing.T) {
 			defer wg.Done()
 			for i := range ids {
 				id := fmt.Sprintf("journal-%d", i)
-				code, a, err := post(context.Background(), s.addr, task(id, fmt.Sprintf("model-%d", i%8), `"return_result":false`))
+				code, a, err := postTask(context.Background(), s.addr, task(id, fmt.Sprintf("model-%d", i%8), `"return_result":false`))
 				if err == nil && (code != 202 || a.TaskID != id) {
 					err = fmt.Errorf("task %s: %d %+v", id, code, a)
 				}
@@ -257,7 +257,7 @@ func TestFaultDispatcherCrashWithJournaledTasks(t *testing.T) {
 	// nothing, so the agents' records do not change.
 	for i := range 20 {
 		id := fmt.Sprintf("journal-%d", i*(n/20))
-		code, a, err := post(context.Background(), s.addr, task(id, "model-0", ""))
+		code, a, err := postTask(context.Background(), s.addr, task(id, "model-0", ""))
 		if err != nil || code != 200 || a.Status != "completed" || string(a.Result) != string(answers[id].Result) {
 			t.Fatalf("resubmitted %s: %d %+v %v, first answer %+v", id, code, a, err, answers[id])
 		}
@@ -329,7 +329,7 @@ func TestReconnect100AgentsAfterRestart(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := range 30 {
-				post(context.Background(), s.addr, task(fmt.Sprintf("spread-%d-%d", g, i), fmt.Sprintf("label-%d", (g*30+i)%150), ""))
+				postTask(context.Background(), s.addr, task(fmt.Sprintf("spread-%d-%d", g, i), fmt.Sprintf("label-%d", (g*30+i)%150), ""))
 			}
 		}()
 	}
