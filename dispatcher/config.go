@@ -44,8 +44,21 @@ type Config struct {
 	// TaskRetention is how long a finished task stays visible to GET /tasks/{id} and
 	// answers a resubmission of its id. Zero means 10m.
 	TaskRetention time.Duration
-	// TaskRetentionCount bounds how many finished tasks are kept. Zero means 100000.
+	// TaskRetentionCount bounds how many finished tasks are kept in memory. Zero means
+	// 100000.
 	TaskRetentionCount int
+
+	// DataDir holds the journal of tasks accepted asynchronously (202): they survive a
+	// crash and run when the dispatcher starts again. Empty means no journal, and a
+	// crash loses them (the command's default is ./data).
+	DataDir string
+	// JournalLockTimeout bounds the wait for the journal's file lock, which another
+	// dispatcher on the same DataDir holds. Zero means 1s.
+	JournalLockTimeout time.Duration
+	// JournalSweepInterval is how often expired answers are deleted from the journal,
+	// JournalSweepLimit records looked at per sweep at most. Zero means 1s and 10000.
+	JournalSweepInterval time.Duration
+	JournalSweepLimit    int
 
 	// SendQueueFrames bounds the frames queued for one worker; a worker that falls
 	// this far behind is disconnected. Zero means 1024.
@@ -114,6 +127,11 @@ func (c Config) WithDefaults() Config {
 	def(&c.WriteTimeout, 10*time.Second)
 	def(&c.PingInterval, 10*time.Second)
 	def(&c.HelloTimeout, 10*time.Second)
+	def(&c.JournalLockTimeout, time.Second)
+	def(&c.JournalSweepInterval, time.Second)
+	if c.JournalSweepLimit == 0 {
+		c.JournalSweepLimit = 10_000
+	}
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = 1 << 20
 	}
@@ -165,6 +183,9 @@ func (c Config) validate() error {
 	positive("SendQueueFrames", int64(c.SendQueueFrames))
 	positive("MaxFrameBytes", c.MaxFrameBytes)
 	positive("MetricsMaxLabels", int64(c.MetricsMaxLabels))
+	positive("JournalLockTimeout", int64(c.JournalLockTimeout))
+	positive("JournalSweepInterval", int64(c.JournalSweepInterval))
+	positive("JournalSweepLimit", int64(c.JournalSweepLimit))
 	if c.UploaderURL != "" {
 		if u, err := url.Parse(c.UploaderURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			errs = append(errs, fmt.Errorf("UploaderURL %q must be an http(s) URL", c.UploaderURL))

@@ -67,6 +67,11 @@ func New(cfg Config) (*Dispatcher, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.DataDir != "" {
+		if err := h.openJournal(); err != nil {
+			return nil, err
+		}
+	}
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	host, _ := os.Hostname()
@@ -83,6 +88,14 @@ func New(cfg Config) (*Dispatcher, error) {
 	}
 	d.echo = d.routes()
 	return d, nil
+}
+
+// Close releases the journal; Run does it on its way out. Idempotent.
+func (d *Dispatcher) Close() error {
+	if d.hub.journal == nil {
+		return nil
+	}
+	return d.hub.journal.close()
 }
 
 // Handler is the dispatcher's HTTP handler, for tests and embedding. Deadlines of
@@ -257,10 +270,18 @@ func (d *Dispatcher) RunBackground(ctx context.Context) {
 	// One pinger for all workers instead of a ticker and a goroutine per connection.
 	ping := time.NewTicker(d.cfg.PingInterval)
 	defer ping.Stop()
+	var sweep <-chan time.Time
+	if d.hub.journal != nil {
+		st := time.NewTicker(d.cfg.JournalSweepInterval)
+		defer st.Stop()
+		sweep = st.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-sweep:
+			d.hub.sweepJournal()
 		case <-t.C:
 			d.hub.tick()
 		case <-ping.C:
@@ -278,6 +299,7 @@ func (d *Dispatcher) RunBackground(ctx context.Context) {
 func (d *Dispatcher) Run(ctx context.Context, ready chan<- net.Addr) error {
 	ln, err := net.Listen("tcp", d.cfg.Addr)
 	if err != nil {
+		d.Close()
 		return fmt.Errorf("listen on %s: %w", d.cfg.Addr, err)
 	}
 	if d.tls != nil {
@@ -297,6 +319,7 @@ func (d *Dispatcher) Run(ctx context.Context, ready chan<- net.Addr) error {
 	}
 	select {
 	case err := <-serveErr:
+		d.Close()
 		return fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
 	}
@@ -319,8 +342,12 @@ func (d *Dispatcher) shutdown(srv *http.Server) error {
 	select {
 	case <-idle:
 	case <-deadline.Done():
-		if n := d.hub.failAll("dispatcher shut down before the task finished"); n > 0 {
-			d.log.Warn().Int("tasks", n).Msg("shutdown timeout: unfinished tasks failed with 503")
+		failed, kept := d.hub.failAll("dispatcher shut down before the task finished")
+		if failed > 0 {
+			d.log.Warn().Int("tasks", failed).Msg("shutdown timeout: unfinished tasks failed with 503")
+		}
+		if kept > 0 {
+			d.log.Info().Int("tasks", kept).Msg("shutdown timeout: unfinished asynchronous tasks stay in the journal for the next start")
 		}
 	}
 	conns := d.hub.closeWorkers(&Disconnect{Code: pb.CloseCode_CLOSE_CODE_SHUTDOWN, Reason: "dispatcher shutting down"})
@@ -334,6 +361,9 @@ func (d *Dispatcher) shutdown(srv *http.Server) error {
 	err := <-httpDone
 	if errors.Is(err, context.DeadlineExceeded) {
 		err = srv.Close()
+	}
+	if cerr := d.Close(); cerr != nil && err == nil {
+		err = fmt.Errorf("close journal: %w", cerr)
 	}
 	d.log.Info().Int("workers_closed", len(conns)).Msg("dispatcher stopped")
 	return err

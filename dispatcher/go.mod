@@ -11,6 +11,7 @@ require (
 	github.com/prometheus/common v0.72.0
 	github.com/rs/zerolog v1.35.1
 	github.com/smartroute/smartroute/proto v0.0.0
+	go.etcd.io/bbolt v1.4.3
 	go.uber.org/goleak v1.3.0
 )
 

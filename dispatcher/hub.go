@@ -41,6 +41,9 @@ type hub struct {
 	// itself; it sits here because it is only touched together with active.
 	finished *expirable.LRU[string, *taskRecord]
 	met      *metrics // per-label children guarded by mu; see metrics.go
+	// journal keeps asynchronous tasks across restarts; nil when Config.DataDir is
+	// empty. It locks itself.
+	journal *journal
 }
 
 func newHub(cfg Config) (*hub, error) {
@@ -77,7 +80,8 @@ func (e *submitError) Error() string { return e.msg }
 var errShuttingDown = &submitError{http.StatusServiceUnavailable, "dispatcher is shutting down"}
 
 // submit registers a task and routes it. A task id that is in flight or answered
-// within the retention returns that task's record instead of running it again.
+// within the retention returns that task's record instead of running it again. With
+// a journal, an asynchronous task is on disk before submit returns.
 func (h *hub) submit(spec taskSpec) (*taskRecord, error) {
 	now := h.clock.Now()
 	if spec.id == "" {
@@ -95,45 +99,172 @@ func (h *hub) submit(spec taskSpec) (*taskRecord, error) {
 		done:         make(chan struct{}),
 	}
 	rec.sched = scheduler.Task{ID: spec.id, Label: spec.label, Deadline: now.Add(timeout), Ref: rec}
+	if h.journal == nil || spec.returnResult {
+		return h.admit(rec, true)
+	}
+	// Journal first, outside the lock: the task must be on disk before anything can
+	// run it, and the disk must not hold up other tasks.
+	prev, created, err := h.journal.accept(rec.entry(), now)
+	if err != nil {
+		h.log.Error().Err(err).Str("task_id", spec.id).Msg("journal write failed")
+		return nil, &submitError{http.StatusInternalServerError, "journal write failed: " + err.Error()}
+	}
+	if !created {
+		if prev.Finished != 0 {
+			if r := h.known(spec.id); r != nil {
+				return r, nil
+			}
+			return recordFromEntry(*prev), nil // answered, and dropped from memory since
+		}
+		// Pending in the journal means in flight here (recovered at start), and admit
+		// returns that run.
+		rec.journaled = true
+		return h.admit(rec, true)
+	}
+	rec.journaled = true
+	got, err := h.admit(rec, true)
+	if err != nil {
+		if ferr := h.journal.forget(spec.id); ferr != nil {
+			h.log.Error().Err(ferr).Str("task_id", spec.id).Msg("journal: refused task not removed; it runs after a restart")
+		}
+		return nil, err
+	}
+	if got != rec { // the id was in flight or answered without a journal record
+		h.mu.Lock()
+		if got.finished() {
+			h.journal.complete(*got.entry())
+		} else {
+			got.journaled = true
+		}
+		h.mu.Unlock()
+	}
+	return got, nil
+}
 
+// admit registers rec and routes it, or returns the record already holding its id.
+// limit applies the queue bound (tasks recovered from the journal were accepted
+// before and are not refused).
+func (h *hub) admit(rec *taskRecord, limit bool) (*taskRecord, error) {
+	id := rec.sched.ID
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closing {
 		return nil, errShuttingDown
 	}
-	if prev := h.active[spec.id]; prev != nil {
+	if prev := h.knownLocked(id); prev != nil {
 		return prev, nil
 	}
-	if prev, ok := h.finished.Get(spec.id); ok {
-		return prev, nil
-	}
-	if h.sched.QueuedTasks() >= h.cfg.MaxQueued {
+	if limit && h.sched.QueuedTasks() >= h.cfg.MaxQueued {
 		return nil, &submitError{http.StatusTooManyRequests, fmt.Sprintf("queue full: %d tasks waiting", h.cfg.MaxQueued)}
 	}
-	if err := h.labelQueueFull(spec.label); err != nil {
-		return nil, err
+	if limit {
+		if err := h.labelQueueFull(rec.sched.Label); err != nil {
+			return nil, err
+		}
 	}
-	h.active[spec.id] = rec
+	h.active[id] = rec
 	h.met.of(rec).received.Inc()
 	start := h.met.scheduleStart()
 	out, err := h.sched.Submit(&rec.sched)
 	h.met.scheduled(start)
 	if err != nil { // cannot happen for a fresh record; keep the books straight anyway
-		delete(h.active, spec.id)
+		delete(h.active, id)
 		return nil, err
 	}
 	h.apply(out)
 	return rec, nil
 }
 
+// openJournal opens the journal in cfg.DataDir and takes over its tasks.
+func (h *hub) openJournal() error {
+	j, err := openJournal(h.cfg.DataDir, h.cfg.TaskRetention, h.cfg.JournalLockTimeout, h.cfg.Logger.With().Str("component", "journal").Logger())
+	if err != nil {
+		return err
+	}
+	pending, answered, err := j.load(h.clock.Now())
+	if err != nil {
+		j.close()
+		return fmt.Errorf("read journal: %w", err)
+	}
+	h.journal = j
+	requeued, expired := h.recover(pending, answered)
+	h.log.Info().Str("data_dir", h.cfg.DataDir).Int("requeued", requeued).Int("expired", expired).
+		Int("answers", len(answered)).Msg("journal opened")
+	return nil
+}
+
+// sweepJournal deletes a bounded number of expired answers from the journal.
+func (h *hub) sweepJournal() {
+	n, err := h.journal.sweep(h.clock.Now(), h.cfg.JournalSweepLimit)
+	if err != nil {
+		h.log.Error().Err(err).Msg("journal sweep")
+		return
+	}
+	if n > 0 {
+		h.log.Debug().Int("deleted", n).Msg("journal: expired answers deleted")
+	}
+}
+
+// known returns the record in flight or answered under id, or nil.
+func (h *hub) known(id string) *taskRecord {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.knownLocked(id)
+}
+
+// knownLocked is known for a caller holding mu.
+func (h *hub) knownLocked(id string) *taskRecord {
+	if rec := h.active[id]; rec != nil {
+		return rec
+	}
+	if rec, ok := h.finished.Get(id); ok && !h.retentionOver(rec) {
+		return rec
+	}
+	return nil
+}
+
+// retentionOver reports whether a finished record outlived the retention. The LRU
+// expires records by when they were added to it; records recovered from the journal
+// were added at start, so their own finish time decides.
+func (h *hub) retentionOver(rec *taskRecord) bool {
+	return !rec.finishedAt.IsZero() && h.clock.Now().Sub(rec.finishedAt) >= h.cfg.TaskRetention
+}
+
+// recover takes over a journal's tasks at start: answers within the retention are
+// served again, pending tasks run again with their original deadlines, and pending
+// tasks whose deadline passed while no dispatcher ran are failed with 504.
+func (h *hub) recover(pending, answered []journalEntry) (requeued, expired int) {
+	for _, e := range answered {
+		h.finished.Add(e.ID, recordFromEntry(e))
+	}
+	// In the order they were accepted: the journal is keyed by id.
+	sort.Slice(pending, func(i, j int) bool { return pending[i].Created < pending[j].Created })
+	now := h.clock.Now()
+	for _, e := range pending {
+		rec := &taskRecord{taskType: e.TaskType, params: e.Params, created: time.Unix(0, e.Created),
+			done: make(chan struct{}), journaled: true}
+		rec.sched = scheduler.Task{ID: e.ID, Label: e.Label, Deadline: time.Unix(0, e.Deadline), Ref: rec}
+		if !now.Before(rec.sched.Deadline) {
+			h.mu.Lock()
+			h.finish(rec, statusFailed, http.StatusGatewayTimeout, "deadline passed while the dispatcher was down")
+			h.mu.Unlock()
+			expired++
+			continue
+		}
+		if _, err := h.admit(rec, false); err != nil {
+			h.log.Error().Err(err).Str("task_id", e.ID).Msg("journal: recovered task not admitted")
+			continue
+		}
+		requeued++
+	}
+	return requeued, expired
+}
+
 // lookup finds a task in flight or answered.
 func (h *hub) lookup(id string) (taskView, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if rec := h.active[id]; rec != nil {
-		return rec.view(), true
-	}
-	if rec, ok := h.finished.Get(id); ok {
+	if rec := h.knownLocked(id); rec != nil {
 		return rec.view(), true
 	}
 	return taskView{}, false
@@ -177,12 +308,20 @@ func (h *hub) apply(out *scheduler.Outcome) {
 	}
 	for _, f := range out.Failed {
 		rec := f.Task.Ref.(*taskRecord)
-		status := http.StatusGatewayTimeout
-		if f.Reason == scheduler.FailAttempts {
+		status, msg := http.StatusGatewayTimeout, f.Reason.String()
+		switch f.Reason {
+		case scheduler.FailAttempts:
 			status = http.StatusServiceUnavailable
+		case scheduler.FailLoad:
+			status, msg = http.StatusBadGateway, msg+": "+f.LoadError
+		case scheduler.FailLabelFailing:
+			// 503: the label may work again after the cool-down.
+			status = http.StatusServiceUnavailable
+			msg = fmt.Sprintf("label %q is failing to load (%d failures within %v; cool-down %v): %s", f.Task.Label,
+				h.cfg.Scheduler.LabelFailureThreshold, h.cfg.Scheduler.LabelFailureWindow, h.cfg.Scheduler.LabelFailureCooldown, f.LoadError)
 		}
 		h.met.failedTask(rec, failReasonOf(f.Reason))
-		h.finish(rec, statusFailed, status, f.Reason.String())
+		h.finish(rec, statusFailed, status, msg)
 	}
 }
 
@@ -194,8 +333,12 @@ func (h *hub) finish(rec *taskRecord, status string, httpStatus int, errMsg stri
 	rec.status = status
 	rec.httpStatus = httpStatus
 	rec.errMsg = errMsg
+	rec.finishedAt = h.clock.Now()
 	// Retained records keep the answer, not the request: parameters can be large.
 	rec.params = nil
+	if rec.journaled {
+		h.journal.complete(*rec.entry())
+	}
 	delete(h.active, rec.sched.ID)
 	h.finished.Add(rec.sched.ID, rec)
 	close(rec.done)
@@ -299,6 +442,16 @@ func (h *hub) onResult(wc *workerConn, res *pb.TaskResult) {
 			return
 		}
 		h.log.Debug().Str("worker_id", wc.id).Str("task_id", res.GetTaskId()).Str("reason", res.GetError()).Msg("worker refused task; requeued")
+		h.apply(out)
+		return
+	}
+	if res.GetLoadFailed() {
+		out, err := h.sched.LoadFailed(wc.id, &rec.sched, res.GetError())
+		if err != nil {
+			h.log.Error().Err(err).Str("worker_id", wc.id).Str("task_id", res.GetTaskId()).Msg("load failed")
+			return
+		}
+		h.log.Debug().Str("worker_id", wc.id).Str("task_id", res.GetTaskId()).Str("label", rec.sched.Label).Str("reason", res.GetError()).Msg("label load failed; task runs elsewhere")
 		h.apply(out)
 		return
 	}
@@ -427,6 +580,13 @@ func (h *hub) beginShutdown() <-chan struct{} {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.closing = true
+	// Queued journaled tasks need not hold shutdown up: no producer waits on them,
+	// and the next start runs them.
+	for id, rec := range h.active {
+		if rec.journaled && h.sched.Cancel(&rec.sched) {
+			delete(h.active, id)
+		}
+	}
 	ch := make(chan struct{})
 	if len(h.active) == 0 {
 		close(ch)
@@ -436,21 +596,27 @@ func (h *hub) beginShutdown() <-chan struct{} {
 	return ch
 }
 
-// failAll answers every unfinished task; used when shutdown runs out of time.
-func (h *hub) failAll(reason string) int {
+// failAll answers every unfinished task, except journaled ones, which are left in
+// the journal for the next start; used when shutdown runs out of time.
+func (h *hub) failAll(reason string) (failed, kept int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	n := 0
 	for _, rec := range h.active {
 		// Let go of the task first, so that no later event re-assigns an answered task.
 		if !h.sched.Cancel(&rec.sched) {
 			h.sched.Abandon(&rec.sched)
 		}
+		if rec.journaled {
+			// No producer waits on it and the journal holds it: the next start runs it.
+			delete(h.active, rec.sched.ID)
+			kept++
+			continue
+		}
 		h.met.failedTask(rec, failShutdown)
 		h.finish(rec, statusFailed, http.StatusServiceUnavailable, reason)
-		n++
+		failed++
 	}
-	return n
+	return failed, kept
 }
 
 // connections lists the connected workers' connections.

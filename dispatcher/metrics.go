@@ -23,19 +23,26 @@ const scheduleSampleEvery = 8
 type failReason uint8
 
 const (
-	failDeadline    failReason = iota // deadline passed, queued or running (504)
-	failWorkerError                   // the worker ran the task and reported an error (502)
-	failWorkersLost                   // the task's workers were lost MaxAttempts times (503)
-	failShutdown                      // the dispatcher shut down before the task finished (503)
+	failDeadline     failReason = iota // deadline passed, queued or running (504)
+	failWorkerError                    // the worker ran the task and reported an error (502)
+	failWorkersLost                    // the task's workers were lost MaxAttempts times (503)
+	failShutdown                       // the dispatcher shut down before the task finished (503)
+	failLoad                           // the label failed to load on every worker tried (502)
+	failLabelFailing                   // the label is marked failing (503)
 	numFailReasons
 )
 
-var failReasonNames = [numFailReasons]string{"deadline", "worker_error", "workers_lost", "shutdown"}
+var failReasonNames = [numFailReasons]string{"deadline", "worker_error", "workers_lost", "shutdown", "load_failed", "label_failing"}
 
 // failReasonOf maps a scheduler failure to its metric reason.
 func failReasonOf(r scheduler.FailReason) failReason {
-	if r == scheduler.FailAttempts {
+	switch r {
+	case scheduler.FailAttempts:
 		return failWorkersLost
+	case scheduler.FailLoad:
+		return failLoad
+	case scheduler.FailLabelFailing:
+		return failLabelFailing
 	}
 	return failDeadline
 }

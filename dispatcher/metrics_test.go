@@ -134,7 +134,7 @@ smartroute_dispatcher_queued_tasks_total 1
 	waitFor(t, "the disconnect to be counted", func() bool {
 		return testutil.ToFloat64(m.disconnects.WithLabelValues("normal")) == 1
 	})
-	if n := b.d.hub.failAll("test shutdown"); n != 1 {
+	if n, _ := b.d.hub.failAll("test shutdown"); n != 1 {
 		t.Fatalf("failAll answered %d tasks, want t5", n)
 	}
 

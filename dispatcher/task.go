@@ -35,8 +35,11 @@ type taskRecord struct {
 	result     json.RawMessage
 	errMsg     string
 	httpStatus int
-	done       chan struct{}
-	metrics    *labelMetrics // the label's counters, resolved once (metrics.of)
+	finishedAt time.Time
+	// journaled: the journal holds this task and must learn its answer.
+	journaled bool
+	done      chan struct{}
+	metrics   *labelMetrics // the label's counters, resolved once (metrics.of)
 }
 
 // finished reports whether the task has its final answer. Caller holds hub.mu or has
@@ -106,4 +109,29 @@ func resultJSON(b []byte) json.RawMessage {
 	}
 	s, _ := json.Marshal(string(b))
 	return s
+}
+
+// entry is the record as the journal stores it. Caller holds hub.mu, or has received
+// from done, or is the record's only holder.
+func (r *taskRecord) entry() *journalEntry {
+	e := &journalEntry{ID: r.sched.ID, Label: r.sched.Label, TaskType: r.taskType, Params: r.params,
+		Created: r.created.UnixNano(), Deadline: r.sched.Deadline.UnixNano()}
+	if r.finished() {
+		e.Finished = r.finishedAt.UnixNano()
+		e.Status, e.HTTPStatus, e.Error, e.Result = r.status, r.httpStatus, r.errMsg, r.result
+		e.WorkerID, e.Attempts, e.LabelMiss = r.workerID, r.sched.Attempt, r.labelMiss
+		e.QueueNS, e.LoadNS, e.RunNS = int64(r.queueTime), int64(r.loadTime), int64(r.runTime)
+	}
+	return e
+}
+
+// recordFromEntry rebuilds an answered task from the journal.
+func recordFromEntry(e journalEntry) *taskRecord {
+	r := &taskRecord{taskType: e.TaskType, created: time.Unix(0, e.Created), status: e.Status,
+		workerID: e.WorkerID, labelMiss: e.LabelMiss, queueTime: time.Duration(e.QueueNS),
+		loadTime: time.Duration(e.LoadNS), runTime: time.Duration(e.RunNS), result: e.Result, errMsg: e.Error,
+		httpStatus: e.HTTPStatus, finishedAt: time.Unix(0, e.Finished), done: make(chan struct{})}
+	r.sched = scheduler.Task{ID: e.ID, Label: e.Label, Deadline: time.Unix(0, e.Deadline), Attempt: e.Attempts, Ref: r}
+	close(r.done)
+	return r
 }

@@ -119,7 +119,7 @@ func TestWorkerTokensFile(t *testing.T) {
 // flag would allow it.
 func TestDevModeRefusesNonLoopbackBind(t *testing.T) {
 	t.Parallel()
-	p := start(t, "dispatcher#exposed", "--addr", "0.0.0.0:0")
+	p := start(t, "dispatcher#exposed", "--addr", "0.0.0.0:0", "--data-dir", t.TempDir())
 	err := p.wait(t, 20*time.Second)
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() == 0 {
@@ -215,7 +215,7 @@ func TestTLSDispatcherAndCollector(t *testing.T) {
 	collectorAddr, logDir := freeAddr(t), t.TempDir()
 	start(t, "log-collector#tls", append([]string{"--addr", collectorAddr, "--dir", logDir, "--ingest-token", "tls-token"}, tlsArgs...)...)
 	waitHealthy("collector healthy over https", "https://"+collectorAddr+"/health")
-	s.disp = start(t, "dispatcher#tls", append([]string{"--addr", s.addr, "--worker-token", "tls-token", "--api-key", "k", "--ops-auth"}, tlsArgs...)...)
+	s.disp = start(t, "dispatcher#tls", append([]string{"--addr", s.addr, "--data-dir", t.TempDir(), "--worker-token", "tls-token", "--api-key", "k", "--ops-auth"}, tlsArgs...)...)
 	waitHealthy("dispatcher healthy over https", "https://"+s.addr+"/health")
 
 	agentArgs := []string{"--dispatcher-url", "wss://" + s.addr + "/worker-listen", "--worker-token", "tls-token",

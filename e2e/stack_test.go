@@ -130,10 +130,11 @@ func freeAddr(t *testing.T) string {
 
 // stack is a dispatcher and its agents.
 type stack struct {
-	t      *testing.T
-	addr   string
-	disp   *proc
-	agents map[string]*proc
+	t       *testing.T
+	addr    string
+	dataDir string // the dispatcher's journal, kept across its restarts
+	disp    *proc
+	agents  map[string]*proc
 }
 
 type stackOpts struct {
@@ -156,7 +157,10 @@ func startStack(t *testing.T, o stackOpts) *stack {
 }
 
 func (s *stack) startDispatcher(o stackOpts) {
-	args := append([]string{"--addr", s.addr, "--log-level", "debug", "--shutdown-timeout", "10s"}, o.dispatcherArgs...)
+	if s.dataDir == "" {
+		s.dataDir = s.t.TempDir()
+	}
+	args := append([]string{"--addr", s.addr, "--log-level", "debug", "--shutdown-timeout", "10s", "--data-dir", s.dataDir}, o.dispatcherArgs...)
 	if o.random {
 		args = append(args, "--random-dispatch")
 	}

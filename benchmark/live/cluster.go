@@ -41,6 +41,8 @@ type clusterSpec struct {
 	random         bool
 	cfg            Config
 	onProcessStart func(name string, pid int)
+	// dispatcherArgs are passed to the dispatcher after the usual ones (the soak's).
+	dispatcherArgs []string
 }
 
 // pollInterval is how often readiness is checked.
@@ -58,16 +60,19 @@ func scaled(d time.Duration, scale float64) time.Duration {
 	return time.Duration(float64(d) * scale)
 }
 
-func dispatcherArgs(cfg Config, addr string, random bool) []string {
+// dispatcherArgs are the dispatcher's flags: its journal goes under dir (never the
+// working directory), and extra come last.
+func dispatcherArgs(cfg Config, addr string, random bool, dir string, extra []string) []string {
 	args := []string{
 		"--addr", addr,
 		"--random-dispatch=" + strconv.FormatBool(random),
 		"--log-level", cfg.LogLevel,
+		"--data-dir", filepath.Join(dir, "dispatcher-data"),
 	}
 	if cfg.TaskTimeout > 0 {
 		args = append(args, "--task-timeout", cfg.TaskTimeout.String())
 	}
-	return args
+	return append(args, extra...)
 }
 
 // agentArgs are agent i's flags; tritonURL is its Triton's with BackendTriton.
@@ -162,7 +167,7 @@ func startCluster(ctx context.Context, spec clusterSpec) (_ *cluster, err error)
 			return c, err
 		}
 		c.baseURL = "http://" + addr
-		c.dispatcher, err = startProcess("dispatcher", spec.bins.dispatcher, dispatcherArgs(cfg, addr, spec.random), env, spec.dir)
+		c.dispatcher, err = startProcess("dispatcher", spec.bins.dispatcher, dispatcherArgs(cfg, addr, spec.random, spec.dir, spec.dispatcherArgs), env, spec.dir)
 		if err != nil {
 			return c, err
 		}

@@ -113,12 +113,12 @@ func TestTritonBackendArgs(t *testing.T) {
 func TestDispatcherArgs(t *testing.T) {
 	t.Parallel()
 	c := DefaultConfig()
-	if got, want := dispatcherArgs(c, "127.0.0.1:9", true), []string{"--addr", "127.0.0.1:9", "--random-dispatch=true", "--log-level", "info"}; !slices.Equal(got, want) {
+	if got, want := dispatcherArgs(c, "127.0.0.1:9", true, "/out", nil), []string{"--addr", "127.0.0.1:9", "--random-dispatch=true", "--log-level", "info", "--data-dir", "/out/dispatcher-data"}; !slices.Equal(got, want) {
 		t.Errorf("dispatcherArgs = %q, want %q", got, want)
 	}
 	c.TaskTimeout = 90 * time.Second
 	c.LogLevel = "warn"
-	if got, want := dispatcherArgs(c, "a:1", false), []string{"--addr", "a:1", "--random-dispatch=false", "--log-level", "warn", "--task-timeout", "1m30s"}; !slices.Equal(got, want) {
+	if got, want := dispatcherArgs(c, "a:1", false, "/out", []string{"--pprof-addr", "x"}), []string{"--addr", "a:1", "--random-dispatch=false", "--log-level", "warn", "--data-dir", "/out/dispatcher-data", "--task-timeout", "1m30s", "--pprof-addr", "x"}; !slices.Equal(got, want) {
 		t.Errorf("dispatcherArgs = %q, want %q", got, want)
 	}
 }

@@ -12,7 +12,7 @@ BIN=$(mktemp -d); trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null; r
 go build -o "$BIN/" ./dispatcher/cmd/dispatcher ./worker-agent/cmd/worker-agent
 ADDR=127.0.0.1:18280
 PPROF=${PPROF:-127.0.0.1:18281}
-"$BIN/dispatcher" --addr $ADDR --pprof-addr $PPROF --log-level warn >"$BIN/dispatcher.log" 2>&1 &
+"$BIN/dispatcher" --addr $ADDR --pprof-addr $PPROF --log-level warn --data-dir "$BIN/data" >"$BIN/dispatcher.log" 2>&1 &
 DPID=$!
 until curl -sf http://$ADDR/health >/dev/null; do sleep 0.1; done
 rss() { awk '/VmRSS/{print $2}' /proc/$DPID/status; }

@@ -19,7 +19,7 @@ go build -o "$BIN/" ./dispatcher/cmd/dispatcher ./worker-agent/cmd/worker-agent
 (cd "$RELAY_DIR" && GOWORK=off go build -o "$BIN/relay-limit" .)
 LUA="$RELAY_DIR/post.lua"
 
-"$BIN/dispatcher" --addr 127.0.0.1:18080 --log-level warn >"$BIN/dispatcher.log" 2>&1 &
+"$BIN/dispatcher" --addr 127.0.0.1:18080 --log-level warn --data-dir "$BIN/data" >"$BIN/dispatcher.log" 2>&1 &
 OURS_PIDS=$!
 # Agents run in one process (--agents), as the relay's workers run inside the relay;
 # AGENT_PROCS=$WORKERS runs one process per agent instead.

@@ -31,6 +31,9 @@ func check(t *testing.T, s *Scheduler) {
 			if r.state != stateRunning || r.worker != w {
 				t.Fatalf("running task %s bad state", r.ID)
 			}
+			if r.excludes(w.id) {
+				t.Fatalf("task %s runs on %s, where its label failed to load", r.ID, w.id)
+			}
 		}
 		for _, h := range w.held {
 			if s.labels[h.label] != h.state {
@@ -129,9 +132,12 @@ func TestRandomOperationsKeepIndexesTrue(t *testing.T) {
 				case 5, 6:
 					for _, tk := range tasks {
 						if tk.Running() {
-							if r.IntN(4) == 0 {
+							switch r.IntN(5) {
+							case 0:
 								b.s.Requeue(tk.WorkerID(), tk)
-							} else {
+							case 1:
+								b.s.LoadFailed(tk.WorkerID(), tk, "no memory")
+							default:
 								b.s.Complete(tk.WorkerID(), tk, Observation{Loaded: r.IntN(2) == 0, LoadTime: 400 * time.Millisecond, RunTime: time.Duration(r.IntN(200)) * time.Millisecond})
 							}
 							break

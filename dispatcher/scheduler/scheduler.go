@@ -55,6 +55,12 @@ type Config struct {
 	// observation. Zero means 400ms and 50ms (the seed's figures).
 	LoadTimePrior time.Duration
 	RunTimePrior  time.Duration
+	// LabelFailureThreshold load failures of one label within LabelFailureWindow mark
+	// the label failing for LabelFailureCooldown: its tasks fail at once instead of
+	// loading on worker after worker. Zero means 3, 1m and 30s.
+	LabelFailureThreshold int
+	LabelFailureWindow    time.Duration
+	LabelFailureCooldown  time.Duration
 	// Seed makes random choices reproducible.
 	Seed uint64
 }
@@ -79,6 +85,15 @@ func (c Config) WithDefaults() Config {
 	if c.RunTimePrior == 0 {
 		c.RunTimePrior = 50 * time.Millisecond
 	}
+	if c.LabelFailureThreshold == 0 {
+		c.LabelFailureThreshold = 3
+	}
+	if c.LabelFailureWindow == 0 {
+		c.LabelFailureWindow = time.Minute
+	}
+	if c.LabelFailureCooldown == 0 {
+		c.LabelFailureCooldown = 30 * time.Second
+	}
 	return c
 }
 
@@ -94,6 +109,10 @@ func (c Config) validate() error {
 	if c.MaxPassOver < 0 || c.PassOverLoads < 0 || c.LoadTimePrior < 0 || c.RunTimePrior < 0 {
 		return errors.New("scheduler: MaxPassOver, PassOverLoads, LoadTimePrior and RunTimePrior must not be negative")
 	}
+	if c.LabelFailureThreshold < 1 || c.LabelFailureWindow < 0 || c.LabelFailureCooldown < 0 {
+		return fmt.Errorf("scheduler: LabelFailureThreshold must be at least 1 (got %d) and LabelFailureWindow, LabelFailureCooldown not negative",
+			c.LabelFailureThreshold)
+	}
 	return nil
 }
 
@@ -105,6 +124,11 @@ const (
 	FailDeadline FailReason = iota + 1
 	// FailAttempts: the task's workers were lost MaxAttempts times.
 	FailAttempts
+	// FailLoad: the task's label failed to load on the last worker it was allowed,
+	// and it had used up MaxAttempts.
+	FailLoad
+	// FailLabelFailing: the task's label is marked failing (see LabelFailureThreshold).
+	FailLabelFailing
 )
 
 func (r FailReason) String() string {
@@ -113,6 +137,10 @@ func (r FailReason) String() string {
 		return "deadline exceeded while queued"
 	case FailAttempts:
 		return "worker lost too many times"
+	case FailLoad:
+		return "label failed to load on every worker tried"
+	case FailLabelFailing:
+		return "label is failing to load"
 	}
 	return "unknown"
 }
@@ -131,6 +159,9 @@ type Assignment struct {
 type Failure struct {
 	Task   *Task
 	Reason FailReason
+	// LoadError is the last load error of the task's label, for FailLoad and
+	// FailLabelFailing.
+	LoadError string
 }
 
 // Outcome is what a call decided. Its slices are reused by the next call.
@@ -169,6 +200,9 @@ type Scheduler struct {
 
 	out Outcome
 
+	// failing tracks labels whose loads failed recently (see labelhealth.go).
+	failing map[string]*labelFailures
+
 	// Recycled records: labels come and go with every load on a large label set, and
 	// reusing their records keeps the load path free of allocations.
 	spareLabels []*labelState
@@ -190,6 +224,7 @@ func New(cfg Config, clock Clock) (*Scheduler, error) {
 		rng:     rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
 		workers: make(map[string]*worker),
 		labels:  make(map[string]*labelState),
+		failing: make(map[string]*labelFailures),
 		queue:   taskList{on: globalLinks},
 	}, nil
 }
@@ -333,6 +368,11 @@ func (s *Scheduler) Submit(t *Task) (*Outcome, error) {
 	t.seq = s.nextSeq
 	s.nextSeq++
 	t.Enqueued = s.clock.Now()
+	if lf := s.failingNow(t.Label, t.Enqueued); lf != nil {
+		t.state = stateDone
+		out.Failed = append(out.Failed, Failure{Task: t, Reason: FailLabelFailing, LoadError: lf.lastError})
+		return out, nil
+	}
 	if !s.place(t) {
 		s.enqueue(t, false)
 	}
@@ -487,6 +527,7 @@ func (s *Scheduler) LabelLoaded(workerID, label string) *Outcome {
 	if !ok {
 		return out
 	}
+	delete(s.failing, label) // a load that works ends the label's bad run
 	if i := w.find(label); i >= 0 {
 		w.held[i].pending = false
 		return out
@@ -580,8 +621,16 @@ func (s *Scheduler) place(t *Task) bool {
 	}
 	ls := s.labels[t.Label]
 	if ls != nil && ls.idle.len() > 0 {
-		s.assign(ls.idle.last(), t)
-		return true
+		if w := ls.idle.last(); !t.excludes(w.id) {
+			s.assign(w, t)
+			return true
+		}
+		for i := 0; i < ls.idle.len() && i < placeTries; i++ {
+			if w := ls.idle.at(i); !t.excludes(w.id) {
+				s.assign(w, t)
+				return true
+			}
+		}
 	}
 	if ls != nil && ls.active > 0 {
 		ahead := ls.queued
@@ -707,6 +756,9 @@ func (s *Scheduler) overdue(t *Task) bool {
 // label, or it may load it (loadable there, no failed copy still in use, and room or
 // an idle label to evict).
 func (s *Scheduler) canTake(w *worker, t *Task) bool {
+	if t.excludes(w.id) {
+		return false
+	}
 	if i := w.find(t.Label); i >= 0 {
 		return !w.held[i].doomed
 	}
@@ -726,6 +778,9 @@ func (s *Scheduler) loadTarget(t *Task) *worker {
 	now := s.clock.Now()
 	for i, n := s.free.len()-1, 0; i >= 0 && n < placeTries; i, n = i-1, n+1 {
 		w := s.free.at(i)
+		if t.excludes(w.id) {
+			continue
+		}
 		if j := w.find(t.Label); j >= 0 {
 			if !w.held[j].doomed {
 				return w // holds it already
@@ -823,6 +878,7 @@ func (s *Scheduler) offerFree() {
 // owner calls it periodically (the dispatcher with its deadline check).
 func (s *Scheduler) Rebalance() *Outcome {
 	out := s.reset()
+	s.pruneFailing()
 	if s.queued > 0 && s.free.len() > 0 {
 		s.offerFree()
 	}
@@ -856,7 +912,7 @@ func (s *Scheduler) pick(w *worker) *Task {
 		if h.doomed {
 			continue
 		}
-		if c := h.state.queue.head; c != nil && (best == nil || c.seq < best.seq) {
+		if c := firstFor(&h.state.queue, w); c != nil && (best == nil || c.seq < best.seq) {
 			best = c
 		}
 	}
@@ -868,7 +924,7 @@ func (s *Scheduler) pick(w *worker) *Task {
 	n := 0
 	for t := head; t != nil && n < passOverScan; t, n = t.global.next, n+1 {
 		ls := s.labels[t.Label]
-		if ls.queue.head != t || !s.canTake(w, t) {
+		if firstFor(&ls.queue, w) != t || !s.canTake(w, t) {
 			continue
 		}
 		if ls.active == 0 || s.loadBeatsWait(t.Label, ls, ls.queued-1) || s.overdue(t) {

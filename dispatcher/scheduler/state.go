@@ -29,6 +29,9 @@ type Task struct {
 	state  taskState
 	seq    uint64
 	worker *worker
+	// excluded lists the workers this task's label failed to load on: the task does
+	// not go back to them.
+	excluded []string
 	// Links in the global queue and in the label's queue.
 	global, byLabel links
 	heapIdx         int
@@ -39,6 +42,15 @@ func (t *Task) Queued() bool { return t.state == stateQueued }
 
 // Running reports whether the task is assigned to a worker.
 func (t *Task) Running() bool { return t.state == stateRunning }
+
+func (t *Task) excludes(workerID string) bool {
+	for _, id := range t.excluded {
+		if id == workerID {
+			return true
+		}
+	}
+	return false
+}
 
 // WorkerID is the worker running the task, or "".
 func (t *Task) WorkerID() string {

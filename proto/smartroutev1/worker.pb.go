@@ -666,8 +666,12 @@ type TaskResult struct {
 	// True when the attempt stopped because deadline_unix_ms passed: the dispatcher
 	// answers 504 whatever its own clock says (clocks of two hosts differ).
 	DeadlineExceeded bool `protobuf:"varint,11,opt,name=deadline_exceeded,json=deadlineExceeded,proto3" json:"deadline_exceeded,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// True when the task's label failed to load on this worker (error says why): the
+	// dispatcher runs the task on another worker and counts the failure against the
+	// label.
+	LoadFailed    bool `protobuf:"varint,12,opt,name=load_failed,json=loadFailed,proto3" json:"load_failed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TaskResult) Reset() {
@@ -773,6 +777,13 @@ func (x *TaskResult) GetRefused() bool {
 func (x *TaskResult) GetDeadlineExceeded() bool {
 	if x != nil {
 		return x.DeadlineExceeded
+	}
+	return false
+}
+
+func (x *TaskResult) GetLoadFailed() bool {
+	if x != nil {
+		return x.LoadFailed
 	}
 	return false
 }
@@ -1048,7 +1059,7 @@ const file_smartroute_v1_worker_proto_rawDesc = "" +
 	"\x0fparameters_json\x18\x05 \x01(\fR\x0eparametersJson\x12(\n" +
 	"\x10deadline_unix_ms\x18\x06 \x01(\x03R\x0edeadlineUnixMs\x12\x1f\n" +
 	"\vevict_label\x18\a \x01(\tR\n" +
-	"evictLabel\"\xda\x02\n" +
+	"evictLabel\"\xfb\x02\n" +
 	"\n" +
 	"TaskResult\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x18\n" +
@@ -1063,7 +1074,9 @@ const file_smartroute_v1_worker_proto_rawDesc = "" +
 	"\revicted_label\x18\t \x01(\tR\fevictedLabel\x12\x18\n" +
 	"\arefused\x18\n" +
 	" \x01(\bR\arefused\x12+\n" +
-	"\x11deadline_exceeded\x18\v \x01(\bR\x10deadlineExceeded\"\xf6\x01\n" +
+	"\x11deadline_exceeded\x18\v \x01(\bR\x10deadlineExceeded\x12\x1f\n" +
+	"\vload_failed\x18\f \x01(\bR\n" +
+	"loadFailed\"\xf6\x01\n" +
 	"\n" +
 	"LabelEvent\x122\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1e.smartroute.v1.LabelEvent.KindR\x04kind\x12\x14\n" +

@@ -312,7 +312,7 @@ func (m *labelManager) load(label string, e *labelEntry, victim string, task tas
 
 	m.mu.Lock()
 	if err != nil {
-		e.err = fmt.Errorf("load label %q: %w", label, err)
+		e.err = &loadError{label: label, err: err}
 		delete(m.entries, label)
 		m.emit(&pb.LabelEvent{Kind: pb.LabelEvent_KIND_LOAD_FAILED, Label: label, Error: err.Error(), DurationUs: loadDur.Microseconds()})
 	} else {
@@ -335,6 +335,16 @@ func (m *labelManager) load(label string, e *labelEntry, victim string, task tas
 	}
 	ev.Float64("load_ms", millis(loadDur)).Msg("label miss")
 }
+
+// loadError is a label load that failed; the task's result says so (load_failed), so
+// that the dispatcher runs the task elsewhere.
+type loadError struct {
+	label string
+	err   error
+}
+
+func (e *loadError) Error() string { return fmt.Sprintf("load label %q: %v", e.label, e.err) }
+func (e *loadError) Unwrap() error { return e.err }
 
 // millis is d in float milliseconds, to the microsecond.
 func millis(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

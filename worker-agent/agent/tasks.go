@@ -48,6 +48,8 @@ type outcome struct {
 	err     error
 	discard bool // send no result: the work was abandoned and the dispatcher re-queues it
 	refused bool // the attempt never started: the dispatcher runs it elsewhere
+	// loadFailed: the label failed to load here; the dispatcher runs the task elsewhere.
+	loadFailed bool
 }
 
 // deadlineExceeded reports whether the attempt ended because its deadline passed.
@@ -122,6 +124,8 @@ func (a *agent) runTask(ctx context.Context, s *session, asg *pb.TaskAssignment,
 	var o outcome
 	lease, info, err := a.labels.acquire(ctx, asg.GetLabel(), asg.GetEvictLabel(), taskRef{id: key.id, attempt: key.attempt})
 	o.label = info
+	var le *loadError
+	o.loadFailed = errors.As(err, &le)
 	if err == nil {
 		start := time.Now()
 		o.result, err = a.backend.Run(ctx, backend.Task{
@@ -193,6 +197,7 @@ func (a *agent) finish(s *session, asg *pb.TaskAssignment, received time.Time, o
 		EvictedLabel:     o.label.evicted,
 		Refused:          o.refused,
 		DeadlineExceeded: o.deadlineExceeded(),
+		LoadFailed:       o.loadFailed && !o.deadlineExceeded(),
 	}
 	if o.err != nil {
 		res.Error = o.err.Error()

@@ -287,13 +287,13 @@ func TestLoadFailure(t *testing.T) {
 	h := setup(t, withFake(fake))
 	p := h.connect()
 	r := p.run("t1", "bad", "")
-	if r.GetOk() || !strings.Contains(r.GetError(), "model file missing") || !r.GetLabelMiss() {
-		t.Fatalf("result %v, want the load error", r)
+	if r.GetOk() || !strings.Contains(r.GetError(), "model file missing") || !r.GetLabelMiss() || !r.GetLoadFailed() {
+		t.Fatalf("result %v, want the load error, marked load_failed", r)
 	}
 	if len(p.events) != 2 || p.events[1].GetKind() != pb.LabelEvent_KIND_LOAD_FAILED || !strings.Contains(p.events[1].GetError(), "model file missing") {
 		t.Errorf("label events %v, want LOADING then LOAD_FAILED with the error", p.events)
 	}
-	if r := p.run("t2", "good", ""); !r.GetOk() {
+	if r := p.run("t2", "good", ""); !r.GetOk() || r.GetLoadFailed() {
 		t.Errorf("after a failed load: %v", r)
 	}
 	if err := h.stop(p); err != nil {

@@ -104,6 +104,9 @@ commands:
             run a batch job with label-aware order and in file order on fresh
             simulated fleets; print label loads and wall time
             (benchmark batch-compare -h lists the flags)
+  soak      run a real stack at 80% of its measured capacity for 5 minutes and
+            check errors (0) and the dispatcher's memory (flat within 10%)
+            (benchmark soak -h lists the flags)
 `
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
@@ -134,6 +137,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return simulate(args[1:], stdout, stderr)
 	case "batch-compare":
 		return batchCompare(ctx, args[1:], stdout, stderr)
+	case "soak":
+		return soak(ctx, args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

@@ -65,6 +65,11 @@ func run() error {
 	tlsCert := fs.String("tls-cert", "", "PEM certificate: serve HTTPS and wss:// (with --tls-key)")
 	tlsKey := fs.String("tls-key", "", "PEM private key of --tls-cert")
 	insecure := fs.Bool("insecure-no-auth", false, "allow a non-loopback --addr without both worker tokens and API keys")
+	failThreshold := fs.Int("label-failure-threshold", 3, "load failures of a label within --label-failure-window that mark it failing")
+	failWindow := fs.Duration("label-failure-window", time.Minute, "window in which load failures of a label are counted")
+	failCooldown := fs.Duration("label-failure-cooldown", 30*time.Second, "how long a failing label's tasks fail at once (503) before a load is tried again")
+	dataDir := fs.String("data-dir", "./data", "directory of the journal of asynchronous tasks (empty: no journal, a crash loses them)")
+	retention := fs.Duration("task-retention", 10*time.Minute, "how long a finished task answers GET /tasks/{id} and resubmissions of its id")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return err
 	}
@@ -81,7 +86,8 @@ func run() error {
 		Addr:           *addr,
 		RandomDispatch: *random,
 		Scheduler: scheduler.Config{Policy: scheduler.Policy(*policy), MaxAttempts: *maxAttempts,
-			LoadTimePrior: *loadPrior, RunTimePrior: *runPrior, MaxPassOver: *passOver, PassOverLoads: *passOverLoads},
+			LoadTimePrior: *loadPrior, RunTimePrior: *runPrior, MaxPassOver: *passOver, PassOverLoads: *passOverLoads,
+			LabelFailureThreshold: *failThreshold, LabelFailureWindow: *failWindow, LabelFailureCooldown: *failCooldown},
 		TaskTimeout:       *taskTimeout,
 		ShutdownTimeout:   *shutdownTimeout,
 		UploaderURL:       *uploaderURL,
@@ -100,6 +106,8 @@ func run() error {
 		TLSKey:            *tlsKey,
 		InsecureNoAuth:    *insecure,
 		MetricsMaxLabels:  *metricsMaxLabels,
+		DataDir:           *dataDir,
+		TaskRetention:     *retention,
 		Logger:            log,
 	})
 	if err != nil {

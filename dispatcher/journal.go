@@ -1,0 +1,299 @@
+package dispatcher
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+	bolt "go.etcd.io/bbolt"
+)
+
+// journalFile is the bbolt file under Config.DataDir.
+const journalFile = "journal.db"
+
+var tasksBucket = []byte("tasks")
+
+// errDataDirInUse is returned when another dispatcher holds the journal's file lock.
+var errDataDirInUse = errors.New("another dispatcher is using this data dir")
+
+// journal keeps asynchronously accepted tasks (202) on disk until they have an answer,
+// and their answers for the task retention, so that a dispatcher that crashes runs
+// them again when it starts and still answers GET /tasks/{id}.
+//
+// Each value is an 8-byte big-endian finish time in unix nanoseconds (0 while the
+// task is pending) followed by the JSON of a journalEntry: the janitor reads only
+// the prefix.
+type journal struct {
+	db        *bolt.DB
+	log       zerolog.Logger
+	retention time.Duration
+
+	// Completions are written by one goroutine, many per transaction: finish runs
+	// under the hub's lock and must not wait for a disk. Guarded by mu.
+	mu      sync.Mutex
+	pending []journalEntry
+	wake    chan struct{} // capacity 1: there is something in pending
+
+	closeOnce sync.Once
+	stop      chan struct{}
+	stopped   chan struct{}
+	closeErr  error
+
+	sweepFrom []byte // the janitor's cursor; owned by the janitor's caller (RunBackground)
+}
+
+// journalEntry is one task as the journal stores it.
+type journalEntry struct {
+	ID       string `json:"id"`
+	Label    string `json:"label"`
+	TaskType string `json:"task_type"`
+	Params   []byte `json:"params,omitempty"`
+	Created  int64  `json:"created"`  // unix ns
+	Deadline int64  `json:"deadline"` // unix ns, absolute: kept across restarts
+
+	// Set once the task has its answer.
+	Finished   int64           `json:"finished,omitempty"` // unix ns
+	Status     string          `json:"status,omitempty"`
+	HTTPStatus int             `json:"http_status,omitempty"`
+	Error      string          `json:"error,omitempty"`
+	Result     json.RawMessage `json:"result,omitempty"`
+	WorkerID   string          `json:"worker_id,omitempty"`
+	Attempts   int             `json:"attempts,omitempty"`
+	LabelMiss  bool            `json:"label_miss,omitempty"`
+	QueueNS    int64           `json:"queue_ns,omitempty"`
+	LoadNS     int64           `json:"load_ns,omitempty"`
+	RunNS      int64           `json:"run_ns,omitempty"`
+}
+
+// openJournal opens (creating) the journal in dir. A file locked by another process
+// fails after lockTimeout with errDataDirInUse.
+func openJournal(dir string, retention, lockTimeout time.Duration, log zerolog.Logger) (*journal, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("data dir: %w", err)
+	}
+	path := filepath.Join(dir, journalFile)
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: lockTimeout, FreelistType: bolt.FreelistMapType, NoFreelistSync: true})
+	if errors.Is(err, bolt.ErrTimeout) {
+		return nil, fmt.Errorf("%w: %s is locked (waited %v); stop the other dispatcher or give this one its own --data-dir", errDataDirInUse, path, lockTimeout)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open journal %s: %w", path, err)
+	}
+	// A lone producer should not wait long for company; concurrent 202s still share
+	// a commit, because a batch forms while the previous one is being synced.
+	db.MaxBatchDelay = time.Millisecond
+	if err := db.Update(func(tx *bolt.Tx) error {
+		_, err := tx.CreateBucketIfNotExists(tasksBucket)
+		return err
+	}); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("journal %s: %w", path, err)
+	}
+	j := &journal{db: db, log: log, retention: retention, wake: make(chan struct{}, 1),
+		stop: make(chan struct{}), stopped: make(chan struct{})}
+	go j.writeCompletions()
+	return j, nil
+}
+
+func encodeEntry(e *journalEntry) ([]byte, error) {
+	var buf bytes.Buffer
+	var prefix [8]byte
+	binary.BigEndian.PutUint64(prefix[:], uint64(e.Finished))
+	buf.Write(prefix[:])
+	if err := json.NewEncoder(&buf).Encode(e); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+func decodeEntry(v []byte) (journalEntry, error) {
+	var e journalEntry
+	if len(v) < 8 {
+		return e, fmt.Errorf("journal record of %d bytes is too short", len(v))
+	}
+	err := json.Unmarshal(v[8:], &e)
+	return e, err
+}
+
+// finishedAt is the finish time stored in a value's prefix; zero while pending.
+func finishedAt(v []byte) int64 {
+	if len(v) < 8 {
+		return 0
+	}
+	return int64(binary.BigEndian.Uint64(v[:8]))
+}
+
+func (j *journal) expired(finished int64, now time.Time) bool {
+	return finished != 0 && now.UnixNano()-finished >= int64(j.retention)
+}
+
+// accept stores a new pending task and returns once it is synced to disk, sharing
+// the sync with concurrent callers. An id the journal already holds (pending, or
+// answered within the retention) is not overwritten: created is false and prev is
+// the stored entry.
+func (j *journal) accept(e *journalEntry, now time.Time) (prev *journalEntry, created bool, err error) {
+	v, err := encodeEntry(e)
+	if err != nil {
+		return nil, false, err
+	}
+	key := []byte(e.ID)
+	err = j.db.Batch(func(tx *bolt.Tx) error {
+		// Batch may run this twice: set the results from scratch each time.
+		prev, created = nil, false
+		b := tx.Bucket(tasksBucket)
+		if old := b.Get(key); old != nil && !j.expired(finishedAt(old), now) {
+			p, err := decodeEntry(old)
+			if err != nil {
+				return fmt.Errorf("journal record %q: %w", e.ID, err)
+			}
+			prev = &p
+			return nil
+		}
+		created = true
+		return b.Put(key, v)
+	})
+	return prev, created, err
+}
+
+// forget deletes a task accepted into the journal that the hub then refused.
+func (j *journal) forget(id string) error {
+	return j.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(tasksBucket).Delete([]byte(id)) })
+}
+
+// complete queues a task's answer for the writer; it never blocks on the disk. An
+// answer lost in a crash before it is written makes the task run again on restart.
+func (j *journal) complete(e journalEntry) {
+	j.mu.Lock()
+	j.pending = append(j.pending, e)
+	j.mu.Unlock()
+	select {
+	case j.wake <- struct{}{}:
+	default:
+	}
+}
+
+// writeCompletions writes queued answers, all that accumulated in one transaction,
+// until close; it writes what is left before it returns.
+func (j *journal) writeCompletions() {
+	defer close(j.stopped)
+	var batch []journalEntry
+	for {
+		stopping := false
+		select {
+		case <-j.wake:
+		case <-j.stop:
+			stopping = true
+		}
+		j.mu.Lock()
+		batch, j.pending = j.pending, batch[:0]
+		j.mu.Unlock()
+		if len(batch) > 0 {
+			if err := j.writeAnswers(batch); err != nil {
+				j.log.Error().Err(err).Int("tasks", len(batch)).Msg("journal: answers not written; those tasks run again after a restart")
+			}
+			clear(batch)
+		}
+		if stopping {
+			return
+		}
+	}
+}
+
+func (j *journal) writeAnswers(batch []journalEntry) error {
+	return j.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(tasksBucket)
+		for i := range batch {
+			v, err := encodeEntry(&batch[i])
+			if err != nil {
+				return err
+			}
+			if err := b.Put([]byte(batch[i].ID), v); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// load returns every pending task and every answer still within the retention.
+func (j *journal) load(now time.Time) (pending, answered []journalEntry, err error) {
+	err = j.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(tasksBucket).ForEach(func(k, v []byte) error {
+			fin := finishedAt(v)
+			if j.expired(fin, now) {
+				return nil
+			}
+			e, err := decodeEntry(v)
+			if err != nil {
+				// One damaged record must not keep the dispatcher from starting.
+				j.log.Error().Err(err).Str("task_id", string(k)).Msg("journal: unreadable record skipped")
+				return nil
+			}
+			if fin == 0 {
+				pending = append(pending, e)
+			} else {
+				answered = append(answered, e)
+			}
+			return nil
+		})
+	})
+	return pending, answered, err
+}
+
+// sweep deletes answers older than the retention, looking at no more than limit
+// records per call and carrying on where the last call stopped. It returns how many
+// it deleted. A sweep that finds nothing writes nothing.
+func (j *journal) sweep(now time.Time, limit int) (int, error) {
+	var expired [][]byte
+	deleted := 0
+	err := j.db.View(func(tx *bolt.Tx) error {
+		c := tx.Bucket(tasksBucket).Cursor()
+		k, v := c.Seek(j.sweepFrom)
+		for n := 0; n < limit && k != nil; n++ {
+			if j.expired(finishedAt(v), now) {
+				expired = append(expired, bytes.Clone(k))
+			}
+			k, v = c.Next()
+		}
+		j.sweepFrom = bytes.Clone(k) // nil at the end: the next sweep starts over
+		return nil
+	})
+	if err != nil || len(expired) == 0 {
+		return 0, err
+	}
+	err = j.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(tasksBucket)
+		for _, k := range expired {
+			// Look again: the id may have been accepted anew since the scan.
+			if v := b.Get(k); v == nil || !j.expired(finishedAt(v), now) {
+				continue
+			}
+			if err := b.Delete(k); err != nil {
+				return err
+			}
+			deleted++
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	return deleted, nil
+}
+
+// close writes the queued answers and closes the file. Idempotent.
+func (j *journal) close() error {
+	j.closeOnce.Do(func() {
+		close(j.stop)
+		<-j.stopped
+		j.closeErr = j.db.Close()
+	})
+	return j.closeErr
+}

@@ -1,0 +1,345 @@
+package dispatcher
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// testClock is a clock the test moves by hand.
+type testClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *testClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *testClock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// setupJournaled is setup with a journal in dir; the journal is closed at cleanup
+// unless the test closed it (a "crash": nothing else is shut down).
+func setupJournaled(t *testing.T, dir string, clock *testClock) *bundle {
+	t.Helper()
+	b := setup(t, Config{DataDir: dir, Clock: clock, TaskRetention: time.Hour})
+	t.Cleanup(func() { b.d.Close() })
+	return b
+}
+
+// An asynchronous task outlives its dispatcher: the next one on the data dir runs it,
+// keeps its answer across another restart, and answers a resubmission of its id from
+// the journal without running it again.
+func TestJournalRunsPendingTasksAfterRestart(t *testing.T) {
+	dir := t.TempDir()
+	clock := &testClock{now: time.Now()}
+	first := setupJournaled(t, dir, clock)
+	if code, out := first.post("/run-task", `{"task_id":"j-1","task_type":"t","label":"m","return_result":false}`); code != 202 || out["status"] != "queued" {
+		t.Fatalf("async submit: %d %v", code, out)
+	}
+	if err := first.d.Close(); err != nil { // crash: no worker ever saw the task
+		t.Fatal(err)
+	}
+
+	second := setupJournaled(t, dir, clock)
+	if code, out := second.get("/tasks/j-1"); code != 200 || out["status"] != "queued" {
+		t.Fatalf("after restart: %d %v", code, out)
+	}
+	w := second.dial("w1")
+	a := w.assignment()
+	if a.TaskId != "j-1" || a.Label != "m" {
+		t.Fatalf("assignment %v", a)
+	}
+	w.finish(a, true, `{"answer":1}`)
+	waitStatus(t, second, "j-1", "completed")
+	if err := second.d.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	third := setupJournaled(t, dir, clock)
+	code, out := third.get("/tasks/j-1")
+	if code != 200 || out["status"] != "completed" || fmt.Sprint(out["result"]) != "map[answer:1]" {
+		t.Fatalf("answer after a second restart: %d %v", code, out)
+	}
+	w3 := third.dial("w3")
+	// Synchronous and asynchronous resubmissions get the stored answer; no worker runs it.
+	if code, out := third.post("/run-task", `{"task_id":"j-1","task_type":"t","label":"m"}`); code != 200 || out["status"] != "completed" {
+		t.Fatalf("sync resubmission: %d %v", code, out)
+	}
+	if code, out := third.post("/run-task", `{"task_id":"j-1","task_type":"t","label":"m","return_result":false}`); code != 202 || out["status"] != "completed" {
+		t.Fatalf("async resubmission: %d %v", code, out)
+	}
+	// The worker's next frame is the assignment of a new task, not j-1 again.
+	third.post("/run-task", `{"task_id":"j-2","task_type":"t","label":"m","return_result":false}`)
+	if a := w3.assignment(); a.TaskId != "j-2" {
+		t.Fatalf("resubmitted task ran again: %v", a)
+	}
+}
+
+func waitStatus(t *testing.T, b *bundle, id, status string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, out := b.get("/tasks/" + id); out["status"] == status {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("task %s never became %s", id, status)
+		}
+		time.Sleep(time.Millisecond) // polling an observable state
+	}
+}
+
+// A journaled task whose deadline passed while no dispatcher ran fails with 504 and is
+// never assigned; answers older than the retention are forgotten and swept.
+func TestJournalDeadlinesAndRetentionAcrossRestart(t *testing.T) {
+	dir := t.TempDir()
+	clock := &testClock{now: time.Now()}
+	first := setupJournaled(t, dir, clock)
+	first.post("/run-task", `{"task_id":"late","task_type":"t","label":"m","return_result":false,"timeout_ms":1000}`)
+	first.post("/run-task", `{"task_id":"keep","task_type":"t","label":"m","return_result":false,"timeout_ms":7200000}`)
+	first.d.Close()
+
+	clock.advance(2 * time.Second)
+	second := setupJournaled(t, dir, clock)
+	code, out := second.get("/tasks/late")
+	if code != 200 || out["status"] != "failed" || !strings.Contains(fmt.Sprint(out["error"]), "deadline") {
+		t.Fatalf("expired task: %d %v", code, out)
+	}
+	if code, out := second.post("/run-task", `{"task_id":"late","task_type":"t","label":"m"}`); code != http.StatusGatewayTimeout {
+		t.Fatalf("resubmitted expired task: %d %v", code, out)
+	}
+	w := second.dial("w1")
+	if a := w.assignment(); a.TaskId != "keep" {
+		t.Fatalf("assignment %v", a)
+	}
+	second.d.Close()
+
+	clock.advance(time.Hour) // past the retention of "late"'s answer
+	third := setupJournaled(t, dir, clock)
+	if code, _ := third.get("/tasks/late"); code != 404 {
+		t.Fatalf("answer past the retention: %d", code)
+	}
+	n, err := third.d.hub.journal.sweep(clock.Now(), 10)
+	if err != nil || n != 1 {
+		t.Fatalf("sweep deleted %d (%v), want the one expired answer", n, err)
+	}
+	// "keep" is still pending: the journal still holds it.
+	pending, answered, err := third.d.hub.journal.load(clock.Now())
+	if err != nil || len(pending) != 1 || pending[0].ID != "keep" || len(answered) != 0 {
+		t.Fatalf("journal after sweep: pending %v answered %v err %v", pending, answered, err)
+	}
+}
+
+// The janitor's work per sweep is bounded, and successive sweeps cover the journal.
+func TestJournalSweepIsBounded(t *testing.T) {
+	clock := &testClock{now: time.Now()}
+	j, err := openJournal(t.TempDir(), time.Minute, time.Second, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.close()
+	for i := range 25 {
+		e := journalEntry{ID: fmt.Sprintf("t-%02d", i), Finished: clock.Now().UnixNano(), Status: statusCompleted}
+		if i%5 == 0 {
+			e.Finished = 0 // pending: never swept
+		}
+		if _, _, err := j.accept(&e, clock.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clock.advance(time.Minute)
+	total := 0
+	for range 3 {
+		n, err := j.sweep(clock.Now(), 10)
+		if err != nil || n > 10 {
+			t.Fatalf("sweep: %d %v", n, err)
+		}
+		total += n
+	}
+	if total != 20 {
+		t.Fatalf("swept %d answers, want 20", total)
+	}
+}
+
+// A second dispatcher on a data dir in use fails at once with a clear error.
+func TestJournalDataDirInUse(t *testing.T) {
+	dir := t.TempDir()
+	d, err := New(Config{DataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	_, err = New(Config{DataDir: dir, JournalLockTimeout: 50 * time.Millisecond})
+	if !errors.Is(err, errDataDirInUse) || !strings.Contains(err.Error(), "--data-dir") {
+		t.Fatalf("second dispatcher on one data dir: %v", err)
+	}
+}
+
+// A synchronous producer whose connection broke retries with the same id: it attaches
+// to the run in flight and gets its answer; the task ran once.
+func TestSyncRetryAfterBrokenConnectionAttaches(t *testing.T) {
+	b := setup(t, Config{})
+	w := b.dial("w1")
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, b.srv.URL+"/run-task",
+		strings.NewReader(`{"task_id":"retry-1","task_type":"t","label":"m"}`))
+	broken := make(chan error, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		broken <- err
+	}()
+	a := w.assignment()
+	cancel() // the producer's connection breaks while the task runs
+	if err := <-broken; err == nil {
+		t.Fatal("the cancelled request got an answer")
+	}
+	retry := b.postAsync(`{"task_id":"retry-1","task_type":"t","label":"m"}`)
+	waitStatus(t, b, "retry-1", "running") // still the first run
+	w.finish(a, true, `"done"`)
+	got := <-retry
+	if got.status != 200 || got.body["result"] != "done" || got.body["attempts"] != float64(1) {
+		t.Fatalf("retry: %d %v", got.status, got.body)
+	}
+	// Retrying after the answer gets the stored answer, and no new assignment.
+	if code, out := b.post("/run-task", `{"task_id":"retry-1","task_type":"t","label":"m"}`); code != 200 || out["result"] != "done" {
+		t.Fatalf("retry after the answer: %d %v", code, out)
+	}
+	b.post("/run-task", `{"task_id":"other","task_type":"t","label":"m","return_result":false}`)
+	if a := w.assignment(); a.TaskId != "other" {
+		t.Fatalf("retried task ran again: %v", a)
+	}
+}
+
+// BenchmarkAsyncSubmit measures POST /run-task with return_result false through the
+// handler, with and without the journal: concurrent 202s share bbolt commits.
+func BenchmarkAsyncSubmit(b *testing.B) {
+	for _, journaled := range []bool{false, true} {
+		b.Run(fmt.Sprintf("journal=%v", journaled), func(b *testing.B) {
+			cfg := Config{MaxQueued: 1 << 30}
+			if journaled {
+				cfg.DataDir = b.TempDir()
+			}
+			d, err := New(cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer d.Close()
+			h := d.Handler()
+			var seq sync.Mutex
+			n := 0
+			b.ReportAllocs()
+			b.SetParallelism(32) // many producers, as behind a load balancer
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					seq.Lock()
+					n++
+					id := n
+					seq.Unlock()
+					body := fmt.Sprintf(`{"task_id":"b-%d","task_type":"t","label":"m%d","return_result":false}`, id, id%50)
+					rec := httptest.NewRecorder()
+					req := httptest.NewRequest(http.MethodPost, "/run-task", strings.NewReader(body))
+					req.Header.Set("Content-Type", "application/json")
+					h.ServeHTTP(rec, req)
+					if rec.Code != http.StatusAccepted {
+						b.Errorf("status %d: %s", rec.Code, rec.Body)
+						return
+					}
+				}
+			})
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tasks/s")
+		})
+	}
+}
+
+// FuzzDecodeJournalEntry: a journal record read from disk never panics the decoder,
+// and what it decodes survives a round trip unchanged.
+func FuzzDecodeJournalEntry(f *testing.F) {
+	for _, e := range []journalEntry{
+		{ID: "t1", Label: "m", TaskType: "x", Params: []byte(`{"a":1}`), Created: 1, Deadline: 2},
+		{ID: "t2", Label: "m", Finished: 3, Status: statusCompleted, HTTPStatus: 200, Result: []byte(`{"r":[1,2]}`), Attempts: 2},
+		{ID: "t3", Finished: 4, Status: statusFailed, HTTPStatus: 504, Error: "deadline"},
+	} {
+		v, err := encodeEntry(&e)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(v)
+	}
+	f.Add([]byte{})
+	f.Add([]byte("\x00\x00\x00\x00\x00\x00\x00\x01{"))
+	f.Add([]byte("\x00\x00\x00\x00\x00\x00\x00\x00null"))
+	f.Fuzz(func(t *testing.T, v []byte) {
+		e1, err := decodeEntry(v)
+		if err != nil {
+			return
+		}
+		_ = finishedAt(v)
+		b1, err := encodeEntry(&e1)
+		if err != nil {
+			t.Fatalf("decoded entry does not encode: %v", err)
+		}
+		e2, err := decodeEntry(b1)
+		if err != nil {
+			t.Fatalf("encoded entry does not decode: %v", err)
+		}
+		b2, _ := encodeEntry(&e2)
+		if !bytes.Equal(b1, b2) || finishedAt(b1) != e1.Finished {
+			t.Fatalf("round trip changed the record:\n%q\n%q", b1, b2)
+		}
+	})
+}
+
+// Shutdown does not wait for queued journaled tasks: they stay in the journal and the
+// next start runs them.
+func TestShutdownLeavesQueuedJournaledTasks(t *testing.T) {
+	dir := t.TempDir()
+	clock := &testClock{now: time.Now()}
+	first := setupJournaled(t, dir, clock)
+	first.post("/run-task", `{"task_id":"q-1","task_type":"t","label":"m","return_result":false}`)
+	select {
+	case <-first.d.hub.beginShutdown():
+	case <-time.After(10 * time.Second):
+		t.Fatal("shutdown waits for a queued journaled task")
+	}
+	first.d.Close()
+	second := setupJournaled(t, dir, clock)
+	if code, out := second.get("/tasks/q-1"); code != 200 || out["status"] != "queued" {
+		t.Fatalf("after restart: %d %v", code, out)
+	}
+}
+
+// Recovered tasks run in the order they were accepted, not in the journal's key order.
+func TestJournalRecoversInAcceptOrder(t *testing.T) {
+	dir := t.TempDir()
+	clock := &testClock{now: time.Now()}
+	first := setupJournaled(t, dir, clock)
+	first.post("/run-task", `{"task_id":"z-first","task_type":"t","label":"m","return_result":false}`)
+	clock.advance(time.Millisecond)
+	first.post("/run-task", `{"task_id":"a-second","task_type":"t","label":"m","return_result":false}`)
+	first.d.Close()
+	second := setupJournaled(t, dir, clock)
+	w := second.dial("w1")
+	if a := w.assignment(); a.TaskId != "z-first" {
+		t.Fatalf("first recovered assignment %s, want z-first", a.TaskId)
+	}
+}

@@ -1,0 +1,62 @@
+package dispatcher
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/smartroute/smartroute/dispatcher/scheduler"
+	pb "github.com/smartroute/smartroute/proto/smartroutev1"
+)
+
+// loadFailed reports, as an agent does, that the assignment's label failed to load.
+func (w *fakeWorker) loadFailed(a *pb.TaskAssignment, reason string) {
+	w.write(&pb.Envelope{Body: &pb.Envelope_LabelEvent{LabelEvent: &pb.LabelEvent{
+		Kind: pb.LabelEvent_KIND_LOAD_FAILED, Label: a.Label, Error: reason}}})
+	w.write(&pb.Envelope{Body: &pb.Envelope_Result{Result: &pb.TaskResult{
+		TaskId: a.TaskId, Attempt: a.Attempt, Error: "load label: " + reason, LoadFailed: true}}})
+}
+
+// A label that fails to load on one worker runs on another; one that keeps failing is
+// marked failing, and its tasks fail fast with 503 and the load error until the
+// cool-down ends.
+func TestLoadFailureRunsElsewhereThenLabelFailsFast(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{Scheduler: scheduler.Config{LabelFailureThreshold: 2, LabelFailureCooldown: time.Hour}})
+	w1 := b.dial("w1", "bad", "bad2") // holds both: tasks for them go to it first
+	ans := b.postAsync(`{"task_id":"lf-1","task_type":"x","label":"bad"}`)
+	a := w1.assignment()
+	w2 := b.dial("w2")
+	w1.loadFailed(a, "CUDA out of memory")
+	a2 := w2.assignment()
+	if a2.TaskId != "lf-1" || a2.Attempt != 2 {
+		t.Fatalf("after a load failure on w1: %v", a2)
+	}
+	w2.finish(a2, true, `"ok"`)
+	if got := <-ans; got.status != 200 || got.body["worker_id"] != "w2" {
+		t.Fatalf("answer %v", got)
+	}
+
+	// Two failures of another label within the window: the label is failing.
+	ans = b.postAsync(`{"task_id":"lf-2","task_type":"x","label":"bad2"}`)
+	a = w1.assignment()
+	w1.loadFailed(a, "weights corrupt")
+	a2 = w2.assignment()
+	w2.loadFailed(a2, "weights corrupt")
+	got := <-ans
+	if got.status != 503 || !strings.Contains(got.body["error"].(string), "weights corrupt") || !strings.Contains(got.body["error"].(string), "failing") {
+		t.Fatalf("task whose label tripped: %v", got)
+	}
+	code, out := b.post("/run-task", `{"task_id":"lf-3","task_type":"x","label":"bad2"}`)
+	if code != 503 || !strings.Contains(out["error"].(string), "weights corrupt") {
+		t.Fatalf("task for a failing label: %d %v", code, out)
+	}
+	// Other labels still run.
+	w3 := b.dial("w3", "fine")
+	ans = b.postAsync(`{"task_id":"lf-4","task_type":"x","label":"fine"}`)
+	a = w3.assignment()
+	w3.finish(a, true, `"ok"`)
+	if got := <-ans; got.status != 200 {
+		t.Fatalf("a healthy label: %v", got)
+	}
+}

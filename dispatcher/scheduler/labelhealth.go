@@ -1,0 +1,141 @@
+package scheduler
+
+import (
+	"fmt"
+	"time"
+)
+
+// labelFailures is a label's recent load failures. A label with LabelFailureThreshold
+// failures within LabelFailureWindow is failing until `until`: its tasks fail at once.
+// After the cool-down the label is on probation: tasks run again, and one more load
+// failure marks it failing again at once; a load that works forgets it.
+type labelFailures struct {
+	times     []time.Time // failures within the window, oldest first
+	until     time.Time   // failing until then; zero when not failing
+	probation bool
+	lastError string
+	last      time.Time // the latest failure
+}
+
+// LoadFailed takes back an attempt whose label failed to load on the worker. The
+// task never goes back to that worker; it runs elsewhere (bounded by MaxAttempts, then
+// FailLoad), unless the failure marks the label failing, which fails it and every task
+// queued for the label with FailLabelFailing. loadError is kept as the reason.
+func (s *Scheduler) LoadFailed(workerID string, t *Task, loadError string) (*Outcome, error) {
+	out := s.reset()
+	w, ok := s.workers[workerID]
+	if !ok {
+		return out, fmt.Errorf("%w: %s", ErrUnknownWorker, workerID)
+	}
+	if !s.takeBack(w, t) {
+		return out, fmt.Errorf("%w: %s on %s", ErrUnknownTask, t.ID, workerID)
+	}
+	t.excluded = append(t.excluded, workerID)
+	// The worker does not hold the label, whether or not its LabelGone came first.
+	if i := w.find(t.Label); i >= 0 {
+		if h := w.held[i]; h.inUse > 0 {
+			s.doom(w, h)
+		} else {
+			s.dropHeld(w, i)
+			s.refreshFree(w)
+		}
+	}
+	now := s.clock.Now()
+	if s.recordLoadFailure(t.Label, loadError, now) {
+		t.state = stateDone
+		out.Failed = append(out.Failed, Failure{Task: t, Reason: FailLabelFailing, LoadError: loadError})
+		if ls := s.labels[t.Label]; ls != nil {
+			for q := ls.queue.head; q != nil; {
+				next := q.byLabel.next
+				s.unqueue(q)
+				q.state = stateDone
+				out.Failed = append(out.Failed, Failure{Task: q, Reason: FailLabelFailing, LoadError: loadError})
+				q = next
+			}
+		}
+		s.fill(w)
+		return out, nil
+	}
+	if t.Attempt >= s.cfg.MaxAttempts {
+		t.state = stateDone
+		out.Failed = append(out.Failed, Failure{Task: t, Reason: FailLoad, LoadError: loadError})
+		s.fill(w)
+		return out, nil
+	}
+	s.enqueue(t, true)
+	s.place(t)
+	s.fill(w)
+	s.offerFree()
+	return out, nil
+}
+
+// recordLoadFailure counts a failure and reports whether it marks the label failing.
+func (s *Scheduler) recordLoadFailure(label, loadError string, now time.Time) bool {
+	lf := s.failing[label]
+	if lf == nil {
+		lf = &labelFailures{}
+		s.failing[label] = lf
+	}
+	lf.lastError, lf.last = loadError, now
+	keep := lf.times[:0]
+	for _, at := range lf.times {
+		if now.Sub(at) < s.cfg.LabelFailureWindow {
+			keep = append(keep, at)
+		}
+	}
+	lf.times = append(keep, now)
+	if lf.probation || len(lf.times) >= s.cfg.LabelFailureThreshold {
+		lf.until = now.Add(s.cfg.LabelFailureCooldown)
+		lf.times = lf.times[:0]
+		lf.probation = true // whatever happens next, one failure after the cool-down trips it again
+		return true
+	}
+	return false
+}
+
+// failingNow returns the label's failure record if the label is failing at now.
+func (s *Scheduler) failingNow(label string, now time.Time) *labelFailures {
+	if len(s.failing) == 0 {
+		return nil
+	}
+	if lf := s.failing[label]; lf != nil && now.Before(lf.until) {
+		return lf
+	}
+	return nil
+}
+
+// LabelFailing reports whether a label is failing now, until when, and its last load
+// error.
+func (s *Scheduler) LabelFailing(label string) (until time.Time, loadError string, failing bool) {
+	if lf := s.failingNow(label, s.clock.Now()); lf != nil {
+		return lf.until, lf.lastError, true
+	}
+	return time.Time{}, "", false
+}
+
+// pruneFailing forgets labels that have not failed for a window past their cool-down,
+// so that a stream of one-off failing labels cannot grow the map without bound. The
+// map holds only labels that failed recently, so a scan is cheap.
+func (s *Scheduler) pruneFailing() {
+	if len(s.failing) == 0 {
+		return
+	}
+	now := s.clock.Now()
+	for label, lf := range s.failing {
+		if now.Sub(lf.last) >= s.cfg.LabelFailureCooldown+s.cfg.LabelFailureWindow {
+			delete(s.failing, label)
+		}
+	}
+}
+
+// firstFor is the oldest task in a label's queue that may run on w: the head, unless
+// the label failed to load on w for the head (then a few more are looked at).
+func firstFor(q *taskList, w *worker) *Task {
+	n := 0
+	for t := q.head; t != nil && n < placeTries; t, n = t.byLabel.next, n+1 {
+		if !t.excludes(w.id) {
+			return t
+		}
+	}
+	return nil
+}

@@ -1,0 +1,134 @@
+package scheduler
+
+import (
+	"testing"
+	"time"
+)
+
+// loadFailed reports a load failure and returns copies of the outcome's slices.
+func (b *bundle) loadFailed(t *Task, reason string) ([]Assignment, []Failure) {
+	b.t.Helper()
+	out, err := b.s.LoadFailed(t.WorkerID(), t, reason)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	return append([]Assignment(nil), out.Assigned...), append([]Failure(nil), out.Failed...)
+}
+
+// A load failure sends the task to another worker, never back to the one that failed.
+func TestLoadFailureExcludesWorker(t *testing.T) {
+	b := setup(t, Config{LabelFailureThreshold: 10})
+	b.worker("w1", 2, 1)
+	b.worker("w2", 2, 1)
+	tk := b.task("L")
+	first := b.submit(tk)
+	if len(first) != 1 {
+		t.Fatalf("first assignment %v", first)
+	}
+	failedOn := first[0].WorkerID
+	again, failed := b.loadFailed(tk, "out of memory")
+	if len(failed) != 0 || len(again) != 1 || again[0].WorkerID == failedOn || tk.Attempt != 2 {
+		t.Fatalf("after a load failure on %s: assigned %v failed %v attempt %d", failedOn, again, failed, tk.Attempt)
+	}
+	// Both workers failed it: it waits (never back to them) rather than bouncing.
+	if again, failed = b.loadFailed(tk, "out of memory"); len(again) != 0 || len(failed) != 0 || !tk.Queued() {
+		t.Fatalf("after failures on both: assigned %v failed %v", again, failed)
+	}
+	// A new worker takes it; failing there uses the last attempt: FailLoad with the reason.
+	if as := b.worker("w3", 2, 1); len(as) != 1 || as[0].Task != tk {
+		t.Fatalf("new worker got %v", as)
+	}
+	_, failed = b.loadFailed(tk, "out of memory")
+	if len(failed) != 1 || failed[0].Reason != FailLoad || failed[0].LoadError != "out of memory" {
+		t.Fatalf("third failure: %v", failed)
+	}
+	check(t, b.s)
+}
+
+// Repeated failures mark the label failing: its queued and new tasks fail at once with
+// the reason; after the cool-down one attempt probes; a working load clears it.
+func TestLabelFailingCooldownAndProbe(t *testing.T) {
+	b := setup(t, Config{LabelFailureThreshold: 2, LabelFailureWindow: time.Minute, LabelFailureCooldown: 30 * time.Second})
+	b.worker("w1", 2, 1)
+	b.worker("w2", 2, 1)
+	b.worker("w3", 1, 1, "other")
+	b.submit(b.task("other")) // keeps w3 busy
+	t1 := b.task("L")
+	b.submit(t1)
+	queued := b.task("L")
+	b.submit(queued) // waits for the load t1 started
+	if !t1.Running() || !queued.Queued() {
+		t.Fatal("want t1 running and the second task waiting for its load")
+	}
+	if _, failed := b.loadFailed(t1, "bad weights"); len(failed) != 0 || !t1.Running() {
+		t.Fatalf("one failure is not a pattern: %v", failed)
+	}
+	b.clock.advance(time.Second)
+	if queued.Running() { // it may have started on the worker t1 left; keep it waiting
+		b.complete(queued, false)
+		queued = b.task("L")
+		b.submit(queued)
+	}
+	_, failed := b.loadFailed(t1, "bad weights")
+	reasons := map[*Task]FailReason{}
+	for _, f := range failed {
+		reasons[f.Task] = f.Reason
+		if f.LoadError != "bad weights" {
+			t.Fatalf("failure without the load error: %+v", f)
+		}
+	}
+	if reasons[t1] != FailLabelFailing {
+		t.Fatalf("second failure within the window: %v", failed)
+	}
+	if queued.Queued() || (!queued.Running() && reasons[queued] != FailLabelFailing) {
+		t.Fatalf("task queued for the label neither running nor failed fast: %v", failed)
+	}
+	check(t, b.s)
+
+	t4 := b.task("L")
+	out, _ := b.s.Submit(t4)
+	if len(out.Failed) != 1 || out.Failed[0].Reason != FailLabelFailing || len(out.Assigned) != 0 {
+		t.Fatalf("submit while failing: %+v", out)
+	}
+	if until, msg, ok := b.s.LabelFailing("L"); !ok || msg != "bad weights" || !until.Equal(b.clock.now.Add(30*time.Second)) {
+		t.Fatalf("LabelFailing: %v %q %v", until, msg, ok)
+	}
+
+	b.clock.advance(30 * time.Second) // cool-down over: a probe runs
+	probe := b.task("L")
+	if as := b.submit(probe); len(as) != 1 {
+		t.Fatalf("probe not assigned: %v", as)
+	}
+	if _, failed := b.loadFailed(probe, "still bad"); len(failed) != 1 || failed[0].Reason != FailLabelFailing {
+		t.Fatalf("a failed probe marks the label failing again at once: %v", failed)
+	}
+
+	b.clock.advance(30 * time.Second)
+	probe = b.task("L")
+	b.submit(probe)
+	b.s.LabelLoaded(probe.WorkerID(), "L") // the probe's load worked
+	b.complete(probe, true)
+	tk := b.task("L")
+	b.submit(tk)
+	if _, failed := b.loadFailed(tk, "flaky"); len(failed) != 0 {
+		t.Fatalf("after a working load one failure is not enough: %v", failed)
+	}
+	check(t, b.s)
+}
+
+// Failure records of labels that stopped failing are dropped.
+func TestLabelFailuresPruned(t *testing.T) {
+	b := setup(t, Config{LabelFailureThreshold: 5})
+	b.worker("w1", 2, 1)
+	tk := b.task("L")
+	b.submit(tk)
+	b.loadFailed(tk, "x")
+	if len(b.s.failing) != 1 {
+		t.Fatal("failure not recorded")
+	}
+	b.clock.advance(2 * time.Minute)
+	b.s.Rebalance()
+	if len(b.s.failing) != 0 {
+		t.Fatal("old failure record kept")
+	}
+}
