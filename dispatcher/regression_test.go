@@ -114,7 +114,7 @@ func TestPingsFromTheSharedPinger(t *testing.T) {
 	t.Parallel()
 	// Short enough for a quick test, long enough that a loaded machine's scheduling
 	// stalls do not miss a pong (the drop comes after 2.5 intervals of silence).
-	b := setup(t, Config{PingInterval: 100 * time.Millisecond})
+	b := setup(t, Config{PingInterval: 250 * time.Millisecond})
 	alive := b.dial("alive", "m")
 	pings := make(chan struct{}, 16)
 	alive.ws.SetPingHandler(func(data string) error {
