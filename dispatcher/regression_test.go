@@ -146,3 +146,20 @@ func TestPingsFromTheSharedPinger(t *testing.T) {
 		t.Fatal("the worker answering pings was dropped")
 	}
 }
+
+// A connection closed while its flusher holds a batch still sends its close frame: the
+// worker must learn the code (REPLACED makes an agent give up; anything else makes it
+// reconnect).
+func TestCloseFrameLeavesWhileABatchIsHeld(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	w := b.dial("held", "m")
+	b.d.hub.mu.Lock()
+	wc := b.d.hub.workers["held"]
+	b.d.hub.mu.Unlock()
+	wc.batch.Hold() // as the flusher does in the middle of a batch
+	wc.close(&Disconnect{Code: pb.CloseCode_CLOSE_CODE_REPLACED, Reason: "test"})
+	if code, _ := w.closeCode(); code != int(pb.CloseCode_CLOSE_CODE_REPLACED) {
+		t.Fatalf("close code %d, want REPLACED", code)
+	}
+}

@@ -169,6 +169,11 @@ func (wc *workerConn) close(d *Disconnect) {
 		// hub calls close under its lock).
 		go func() {
 			writeClose(wc.ws, d, wc.writeTimeout)
+			// A flusher in the middle of a batch holds the socket's writes, the close
+			// frame's included: send them before closing, or the worker never learns
+			// the close code. Gorilla refuses data frames after a close frame, so the
+			// batch ends with it.
+			_ = wc.batch.Flush()
 			wc.ws.Close() // also ends the reader's ReadMessage and a flusher's write
 			close(wc.written)
 		}()

@@ -54,8 +54,13 @@ func (c *BatchConn) Write(p []byte) (int, error) {
 }
 
 // Flush writes what was gathered since Hold in one write and stops gathering. A write
-// error is the connection's: the caller closes it, as for any failed write.
+// error is the connection's: the caller closes it, as for any failed write. Any
+// goroutine may flush (one that wrote a close frame must, before closing the socket,
+// in case the writer was holding); a nil BatchConn has nothing to flush.
 func (c *BatchConn) Flush() error {
+	if c == nil {
+		return nil
+	}
 	c.mu.Lock()
 	if !c.held {
 		c.mu.Unlock()

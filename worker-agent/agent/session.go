@@ -228,6 +228,11 @@ func (s *session) closeWith(code int, reason string, err error) {
 	}
 	msg := websocket.FormatCloseMessage(code, reason)
 	_ = s.conn.WriteControl(websocket.CloseMessage, msg, time.Now().Add(s.writeTimeout))
+	// The writer may be holding a batch, this close frame included: send it before
+	// the socket closes.
+	if batch, ok := s.conn.NetConn().(*frame.BatchConn); ok {
+		_ = batch.Flush()
+	}
 	s.end(err)
 }
 
