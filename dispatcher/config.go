@@ -105,6 +105,10 @@ type Config struct {
 	Logger zerolog.Logger
 	// Clock is the scheduler's time source. Nil means the wall clock.
 	Clock scheduler.Clock
+
+	// onWait, when set, is told when a synchronous producer starts waiting on a task.
+	// For tests.
+	onWait func(taskID string)
 }
 
 // WithDefaults returns the config with zero fields replaced by their defaults.

@@ -193,6 +193,9 @@ func (d *Dispatcher) runTask(c echo.Context) error {
 	// worker overruns the deadline and never reports back.
 	safety := time.NewTimer(time.Until(rec.sched.Deadline) + 5*time.Second)
 	defer safety.Stop()
+	if d.cfg.onWait != nil {
+		d.cfg.onWait(rec.sched.ID)
+	}
 	select {
 	case <-rec.done:
 		return writeView(c, rec.answerStatus(), rec.view())

@@ -580,11 +580,10 @@ func (h *hub) beginShutdown() <-chan struct{} {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.closing = true
-	// Queued journaled tasks need not hold shutdown up: no producer waits on them,
-	// and the next start runs them.
-	for id, rec := range h.active {
+	// Queued journaled tasks need not hold shutdown up: the next start runs them.
+	for _, rec := range h.active {
 		if rec.journaled && h.sched.Cancel(&rec.sched) {
-			delete(h.active, id)
+			h.releaseLocked(rec)
 		}
 	}
 	ch := make(chan struct{})
@@ -594,6 +593,18 @@ func (h *hub) beginShutdown() <-chan struct{} {
 		h.idle = ch
 	}
 	return ch
+}
+
+// releaseLocked lets go of a journaled task at shutdown without answering it in the
+// journal, which keeps it for the next start. A producer may still wait on it (a
+// synchronous resubmission of an accepted id): it gets a 503 that says so instead of
+// waiting until its connection is cut. Caller holds mu; rec is dropped, so nothing
+// changes it after done is closed.
+func (h *hub) releaseLocked(rec *taskRecord) {
+	delete(h.active, rec.sched.ID)
+	rec.httpStatus = http.StatusServiceUnavailable
+	rec.errMsg = "dispatcher shutting down; task " + rec.sched.ID + " is journaled and runs when the dispatcher starts again"
+	close(rec.done)
 }
 
 // failAll answers every unfinished task, except journaled ones, which are left in
@@ -607,8 +618,7 @@ func (h *hub) failAll(reason string) (failed, kept int) {
 			h.sched.Abandon(&rec.sched)
 		}
 		if rec.journaled {
-			// No producer waits on it and the journal holds it: the next start runs it.
-			delete(h.active, rec.sched.ID)
+			h.releaseLocked(rec) // the journal holds it: the next start runs it
 			kept++
 			continue
 		}

@@ -343,3 +343,28 @@ func TestJournalRecoversInAcceptOrder(t *testing.T) {
 		t.Fatalf("first recovered assignment %s, want z-first", a.TaskId)
 	}
 }
+
+// A synchronous producer waiting on a journaled task that shutdown leaves to the next
+// start gets a 503 saying so, not silence until its connection is cut.
+func TestShutdownAnswersAProducerWaitingOnAJournaledTask(t *testing.T) {
+	waiting := make(chan string, 1)
+	b := setup(t, Config{DataDir: t.TempDir(), TaskRetention: time.Hour, onWait: func(id string) { waiting <- id }})
+	t.Cleanup(func() { b.d.Close() })
+	if code, _ := b.post("/run-task", `{"task_id":"x","task_type":"t","label":"m","return_result":false}`); code != http.StatusAccepted {
+		t.Fatalf("async submit: %d", code)
+	}
+	ans := b.postAsync(`{"task_id":"x","task_type":"t","label":"m"}`) // attaches to the queued run
+	if id := <-waiting; id != "x" {
+		t.Fatalf("waiting on %q", id)
+	}
+	<-b.d.hub.beginShutdown()
+	var a answer
+	select {
+	case a = <-ans:
+	case <-time.After(10 * time.Second): // a failure bound, not synchronisation
+		t.Fatal("the waiting producer got no answer after shutdown released its task")
+	}
+	if a.status != http.StatusServiceUnavailable || !strings.Contains(fmt.Sprint(a.body["error"]), "journaled") {
+		t.Fatalf("waiting producer got %d %v, want 503 saying the task stays journaled", a.status, a.body)
+	}
+}
