@@ -3,6 +3,7 @@ package frame
 import (
 	"net"
 	"sync"
+	"time"
 )
 
 // BatchConn lets a connection's one writer put several WebSocket frames into a single
@@ -20,6 +21,11 @@ type BatchConn struct {
 	mu   sync.Mutex
 	held bool
 	buf  *[]byte // from batchBuffers while held; nil otherwise, so idle costs nothing
+	// flushing says a batch is being written. A write deadline set meanwhile (a ping's
+	// short one, from another goroutine) would cut that write short, so it waits in
+	// deadline until the batch is out.
+	flushing bool
+	deadline *time.Time
 }
 
 // NewBatchConn wraps c.
@@ -69,7 +75,9 @@ func (c *BatchConn) Flush() error {
 	c.held = false
 	bp := c.buf
 	c.buf = nil
+	c.flushing = true
 	c.mu.Unlock()
+	defer c.flushed()
 	// Written outside the lock: a frame written meanwhile goes straight through, which
 	// may put it ahead of the batch, and that is fine, since gorilla wrote each frame
 	// whole and a net.Conn's writes do not interleave.
@@ -79,4 +87,28 @@ func (c *BatchConn) Flush() error {
 		batchBuffers.Put(bp)
 	}
 	return err
+}
+
+// flushed ends a flush and applies a write deadline set during it.
+func (c *BatchConn) flushed() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.flushing = false
+	if c.deadline != nil {
+		_ = c.Conn.SetWriteDeadline(*c.deadline)
+		c.deadline = nil
+	}
+}
+
+// SetWriteDeadline sets the socket's write deadline, or, while a batch is being
+// written, keeps it for when the batch is out: a frame written meanwhile waits for
+// the socket anyway, and its deadline must not end the batch's write.
+func (c *BatchConn) SetWriteDeadline(t time.Time) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.flushing {
+		c.deadline = &t
+		return nil
+	}
+	return c.Conn.SetWriteDeadline(t)
 }

@@ -6,6 +6,7 @@ import (
 	"net"
 	"sync"
 	"testing"
+	"time"
 )
 
 // countingConn records each write it is given.
@@ -65,5 +66,55 @@ func TestBatchConnFlushReportsTheWriteError(t *testing.T) {
 	}
 	if err := c.Flush(); !errors.Is(err, broken) {
 		t.Fatalf("Flush = %v, want the socket's error", err)
+	}
+}
+
+// deadlineConn records write deadlines and blocks writes until released.
+type deadlineConn struct {
+	net.Conn
+	mu        sync.Mutex
+	deadlines []time.Time
+	writing   chan struct{} // receives when a write starts
+	release   chan struct{} // a write returns once this is closed
+}
+
+func (c *deadlineConn) SetWriteDeadline(t time.Time) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.deadlines = append(c.deadlines, t)
+	return nil
+}
+
+func (c *deadlineConn) Write(p []byte) (int, error) {
+	c.writing <- struct{}{}
+	<-c.release
+	return len(p), nil
+}
+
+// A deadline set while a batch is being written (a ping's, from another goroutine)
+// does not cut the batch's write short: it applies once the batch is out.
+func TestBatchConnKeepsDeadlinesUntilTheBatchIsOut(t *testing.T) {
+	t.Parallel()
+	under := &deadlineConn{writing: make(chan struct{}, 1), release: make(chan struct{})}
+	c := NewBatchConn(under)
+	c.Hold()
+	c.Write([]byte("frame"))
+	done := make(chan error, 1)
+	go func() { done <- c.Flush() }()
+	<-under.writing // the batch's write is under way
+	ping := time.Now().Add(time.Second)
+	c.SetWriteDeadline(ping)
+	under.mu.Lock()
+	early := len(under.deadlines)
+	under.mu.Unlock()
+	close(under.release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if early != 0 {
+		t.Fatal("a deadline reached the socket while the batch was being written")
+	}
+	if len(under.deadlines) != 1 || !under.deadlines[0].Equal(ping) {
+		t.Fatalf("deadlines after the flush %v, want the ping's", under.deadlines)
 	}
 }
