@@ -28,15 +28,8 @@ func soak(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.Concurrency, "concurrency", 64, "requests in flight at most (the probe's closed-loop producers)")
 	fs.DurationVar(&cfg.Retention, "task-retention", time.Second, "dispatcher --task-retention (short: the retained answers, rate × retention of them, follow the achieved rate and would swamp a leak check)")
 	fs.Float64Var(&cfg.MaxGrowth, "max-growth", 0.10, "largest relative change of the dispatcher's memory allowed")
-	fs.IntVar(&cfg.NumWorkers, "num-workers", cfg.NumWorkers, "worker agents")
-	fs.IntVar(&cfg.Slots, "slots", cfg.Slots, "tasks each agent runs at once")
-	fs.IntVar(&cfg.MaxLabels, "max-labels", cfg.MaxLabels, "labels each agent holds at once")
 	fs.IntVar(&cfg.Labels, "labels", cfg.Labels, "number of labels")
-	fs.DurationVar(&cfg.SimLoadTime, "sim-load-time", cfg.SimLoadTime, "simulated label load time")
-	fs.DurationVar(&cfg.SimRunTime, "sim-run-time", cfg.SimRunTime, "simulated run time")
-	fs.StringVar(&cfg.RepoDir, "repo", "", "repository to build from (default: go.work at or above the working directory)")
-	fs.StringVar(&cfg.BinDir, "bin-dir", "", "use prebuilt binaries from this directory")
-	fs.StringVar(&cfg.OutDir, "out", "", "directory for logs (default: a new temporary directory)")
+	addClusterFlags(fs, &cfg.Config) // the same fleet flags as benchmark run
 	quiet := fs.Bool("quiet", false, "no log lines on stderr")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
