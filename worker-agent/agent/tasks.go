@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	pb "github.com/smartroute/smartroute/proto/smartroutev1"
@@ -35,9 +36,36 @@ type taskKey struct {
 // runningTask is an attempt in flight; the entry lives in agent.tasks until its result
 // has been handed to the writer.
 type runningTask struct {
-	cancel    context.CancelCauseFunc
+	// cancelCtx ends the attempt's context and cause says why (a Cancel frame,
+	// shutdown). One plain context per attempt, not a cause-carrying one under a
+	// deadline one: two contexts per task were a tenth of an agent's CPU.
+	cancelCtx context.CancelFunc
+	cause     error    // guarded by agent.mu
 	s         *session // the session it was assigned on, where its result goes
 	holdsSlot bool     // counted in s.tasks; false once the result is about to go out
+}
+
+// cancel ends the attempt with cause (nil only releases the context); the first
+// cause counts. Caller holds agent.mu.
+func (rt *runningTask) cancel(cause error) {
+	if rt.cause == nil {
+		rt.cause = cause
+	}
+	rt.cancelCtx()
+}
+
+// cancelCause says why an attempt's context ended: its deadline if that came first,
+// else the cause it was cancelled with, else the agent's (shutdown).
+func (a *agent) cancelCause(ctx context.Context, key taskKey) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return errDeadline
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if rt := a.tasks[key]; rt != nil && rt.cause != nil {
+		return rt.cause
+	}
+	return context.Cause(ctx)
 }
 
 // outcome is how an attempt went, for its result and its log record.
@@ -98,17 +126,17 @@ func (a *agent) assign(s *session, asg *pb.TaskAssignment) {
 		// results will be discarded) do not hold up the new connection's work.
 		refusal = fmt.Sprintf("no free slot: this worker runs %d task(s) at once", a.cfg.Slots)
 	default:
-		ctx, cancel := context.WithCancelCause(a.workCtx)
+		var ctx context.Context
+		var cancel context.CancelFunc
 		if ms := asg.GetDeadlineUnixMs(); ms > 0 {
-			var cancelDeadline context.CancelFunc
-			ctx, cancelDeadline = context.WithDeadlineCause(ctx, time.UnixMilli(ms), errDeadline)
-			cancelTask := cancel
-			cancel = func(cause error) { cancelTask(cause); cancelDeadline() }
+			ctx, cancel = context.WithDeadline(a.workCtx, time.UnixMilli(ms))
+		} else {
+			ctx, cancel = context.WithCancel(a.workCtx)
 		}
 		if len(a.tasks) == 0 {
 			a.idle = make(chan struct{})
 		}
-		a.tasks[key] = &runningTask{cancel: cancel, s: s, holdsSlot: true}
+		a.tasks[key] = &runningTask{cancelCtx: cancel, s: s, holdsSlot: true}
 		s.tasks++
 		a.mu.Unlock()
 		go a.runTask(ctx, s, asg, key, received)
@@ -144,7 +172,7 @@ func (a *agent) runTask(ctx context.Context, s *session, asg *pb.TaskAssignment,
 	}
 	if err != nil && ctx.Err() != nil {
 		// The task's context ended: say why rather than how the backend noticed.
-		err = context.Cause(ctx)
+		err = a.cancelCause(ctx, key)
 		o.discard = errors.Is(err, errShutdown)
 	}
 	o.err = err
@@ -200,7 +228,7 @@ func (a *agent) finish(s *session, asg *pb.TaskAssignment, received time.Time, o
 		LoadFailed:       o.loadFailed && !o.deadlineExceeded(),
 	}
 	if o.err != nil {
-		res.Error = o.err.Error()
+		res.Error = frameText(o.err.Error())
 	} else {
 		res.Result = o.result
 	}
@@ -237,6 +265,11 @@ func (a *agent) finish(s *session, asg *pb.TaskAssignment, received time.Time, o
 	}
 	ev.Msg(msg)
 }
+
+// frameText makes backend-supplied text (an error from Triton, say) fit a frame's
+// string field, which must be UTF-8: a frame that cannot be encoded would end the
+// connection, and the task would come back to fail the same way.
+func frameText(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }
 
 // cancel ends the attempt a Cancel frame names; attempt 0 means every attempt.
 func (a *agent) cancel(c *pb.Cancel) {
