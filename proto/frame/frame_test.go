@@ -7,7 +7,9 @@ import (
 	"testing"
 	"testing/iotest"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	pb "github.com/smartroute/smartroute/proto/smartroutev1"
 )
@@ -97,8 +99,24 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte{0x0a, 0xff})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		env, err := Decode(b, 1<<16)
+		// The generated (vtprotobuf) decoder, with frame's own checks, must be as
+		// strict as protobuf's own and, where both accept, agree with it field for
+		// field (unknown fields aside: protobuf's is told to discard them).
+		std := new(pb.Envelope)
+		stdErr := proto.UnmarshalOptions{DiscardUnknown: true}.Unmarshal(b, std)
+		if stdErr != nil {
+			if err == nil {
+				t.Fatalf("accepted a frame protobuf refuses (%v): %v", stdErr, env)
+			}
+			return
+		}
 		if err != nil {
 			return
+		}
+		mine := proto.Clone(env)
+		discardUnknown(mine.ProtoReflect())
+		if !proto.Equal(mine, std) {
+			t.Fatalf("decoded %v, protobuf decoded %v", mine, std)
 		}
 		again, err := Encode(nil, env)
 		if err != nil {
@@ -109,6 +127,70 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("re-decode differs: %v", err)
 		}
 	})
+}
+
+func discardUnknown(m protoreflect.Message) {
+	m.SetUnknown(nil)
+	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		if fd.Message() != nil && !fd.IsList() && !fd.IsMap() {
+			discardUnknown(v.Message())
+		}
+		return true
+	})
+}
+
+// Every string field of every frame body is checked for UTF-8 on the way in and out:
+// the schema is walked, so a string field added without a check in invalidUTF8 fails
+// here.
+func TestInvalidUTF8CoversEveryStringField(t *testing.T) {
+	t.Parallel()
+	bodies := (&pb.Envelope{}).ProtoReflect().Descriptor().Oneofs().ByName("body").Fields()
+	checked := 0
+	for i := range bodies.Len() {
+		body := bodies.Get(i)
+		fields := body.Message().Fields()
+		for j := range fields.Len() {
+			fd := fields.Get(j)
+			if fd.Kind() != protoreflect.StringKind {
+				continue
+			}
+			checked++
+			name := string(body.Name()) + "." + string(fd.Name())
+			// On the wire: the body holding one bad string.
+			inner := protowire.AppendTag(nil, fd.Number(), protowire.BytesType)
+			inner = protowire.AppendBytes(inner, []byte("ok\xffno"))
+			b := protowire.AppendTag(nil, body.Number(), protowire.BytesType)
+			b = protowire.AppendBytes(b, inner)
+			env, err := Decode(b, 0)
+			if !errors.Is(err, ErrMalformed) {
+				t.Errorf("%s: decode of invalid UTF-8 = %v, %v; want ErrMalformed", name, env, err)
+				continue
+			}
+			// And in memory: Encode refuses it rather than send what the peer refuses.
+			env = &pb.Envelope{}
+			msg := dynamicBody(env, body)
+			if fd.IsList() {
+				msg.Mutable(fd).List().Append(protoreflect.ValueOfString("ok\xffno"))
+			} else {
+				msg.Set(fd, protoreflect.ValueOfString("ok\xffno"))
+			}
+			if _, err := Encode(nil, env); err == nil {
+				t.Errorf("%s: encode of invalid UTF-8 succeeded", name)
+			}
+		}
+	}
+	if checked < 18 { // as of protocol version 1
+		t.Fatalf("only %d string fields found: the walk is broken", checked)
+	}
+}
+
+// dynamicBody sets env's body to a new message of the oneof field's type and
+// returns it.
+func dynamicBody(env *pb.Envelope, body protoreflect.FieldDescriptor) protoreflect.Message {
+	m := env.ProtoReflect()
+	v := m.NewField(body)
+	m.Set(body, v)
+	return v.Message()
 }
 
 // ReadInto decodes what it reads, tells a failed read from a bad frame, and leaves

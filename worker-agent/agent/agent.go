@@ -577,7 +577,7 @@ func (a *agent) checkHealth() {
 }
 
 func statusFrame(accepting bool, reason string) *pb.Envelope {
-	return &pb.Envelope{Body: &pb.Envelope_Status{Status: &pb.WorkerStatus{Accepting: accepting, Reason: reason}}}
+	return &pb.Envelope{Body: &pb.Envelope_Status{Status: &pb.WorkerStatus{Accepting: accepting, Reason: frameText(reason)}}}
 }
 
 // dialBatching dials TCP and wraps the socket so that the session's writer can put

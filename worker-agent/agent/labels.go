@@ -314,7 +314,7 @@ func (m *labelManager) load(label string, e *labelEntry, victim string, task tas
 	if err != nil {
 		e.err = &loadError{label: label, err: err}
 		delete(m.entries, label)
-		m.emit(&pb.LabelEvent{Kind: pb.LabelEvent_KIND_LOAD_FAILED, Label: label, Error: err.Error(), DurationUs: loadDur.Microseconds()})
+		m.emit(&pb.LabelEvent{Kind: pb.LabelEvent_KIND_LOAD_FAILED, Label: label, Error: frameText(err.Error()), DurationUs: loadDur.Microseconds()})
 	} else {
 		e.loaded = true
 		m.recency.Add(label, struct{}{})

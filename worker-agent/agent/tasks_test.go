@@ -311,6 +311,37 @@ func TestLoadFailure(t *testing.T) {
 	}
 }
 
+// Backend text that is not UTF-8 (a frame's strings must be) is repaired rather than
+// left to make the frame unencodable, which would drop the connection and bring the
+// task back to fail the same way.
+func TestInvalidUTF8FromTheBackendIsRepaired(t *testing.T) {
+	t.Parallel()
+	fake := backendtest.New()
+	fake.OnLoad = func(_ context.Context, label string) error {
+		if label == "bad" {
+			return errors.New("load \xff failed")
+		}
+		return nil
+	}
+	fake.OnRun = func(context.Context, backend.Task) ([]byte, error) {
+		return nil, errors.New("run \xfe failed")
+	}
+	h := setup(t, withFake(fake))
+	p := h.connect()
+	if r := p.run("t1", "bad", ""); !strings.Contains(r.GetError(), "load \uFFFD failed") {
+		t.Errorf("load failure result error %q", r.GetError())
+	}
+	if ev := p.events[len(p.events)-1]; !strings.Contains(ev.GetError(), "load \uFFFD failed") {
+		t.Errorf("LOAD_FAILED event error %q", ev.GetError())
+	}
+	if r := p.run("t2", "good", ""); !strings.Contains(r.GetError(), "run \uFFFD failed") {
+		t.Errorf("run failure result error %q", r.GetError())
+	}
+	if err := h.stop(p); err != nil {
+		t.Fatalf("Run = %v (the connection must have stayed up)", err)
+	}
+}
+
 func TestCancelEndsTheAttempt(t *testing.T) {
 	t.Parallel()
 	g := newGate(t)
