@@ -44,6 +44,10 @@ type hub struct {
 	// journal keeps asynchronous tasks across restarts; nil when Config.DataDir is
 	// empty. It locks itself.
 	journal *journal
+
+	// assignment and envelope are reused (under mu) to encode assignment frames.
+	assignment pb.TaskAssignment
+	envelope   pb.Envelope
 }
 
 func newHub(cfg Config) (*hub, error) {
@@ -66,6 +70,7 @@ func newHub(cfg Config) (*hub, error) {
 		finished: expirable.NewLRU[string, *taskRecord](cfg.TaskRetentionCount, nil, cfg.TaskRetention),
 	}
 	h.met = newMetrics(h, cfg.MetricsMaxLabels)
+	h.envelope.Body = &pb.Envelope_Assignment{Assignment: &h.assignment}
 	return h, nil
 }
 
@@ -289,7 +294,7 @@ func (h *hub) apply(out *scheduler.Outcome) {
 			h.log.Error().Str("worker_id", a.WorkerID).Str("task_id", a.Task.ID).Msg("assignment to unknown worker")
 			continue
 		}
-		env := &pb.Envelope{Body: &pb.Envelope_Assignment{Assignment: &pb.TaskAssignment{
+		h.assignment = pb.TaskAssignment{
 			TaskId:         a.Task.ID,
 			Attempt:        uint32(a.Task.Attempt),
 			TaskType:       rec.taskType,
@@ -297,8 +302,9 @@ func (h *hub) apply(out *scheduler.Outcome) {
 			ParametersJson: rec.params,
 			DeadlineUnixMs: ceilMilli(a.Task.Deadline),
 			EvictLabel:     a.EvictLabel,
-		}}}
-		b, err := frame.Encode(nil, env)
+		}
+		b, err := frame.Encode(nil, &h.envelope)
+		h.assignment = pb.TaskAssignment{} // hold no task's parameters
 		if err != nil {
 			h.log.Error().Err(err).Str("task_id", a.Task.ID).Msg("encode assignment")
 			continue
