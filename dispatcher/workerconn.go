@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"runtime"
 	"sync"
 	"time"
 
@@ -97,6 +98,10 @@ func (wc *workerConn) send(b []byte) {
 // flush writes pending frames until none are left, then ends: the only goroutine that
 // calls WriteMessage. It leaves an idle connection with no queue memory.
 func (wc *workerConn) flush() {
+	// Let the request goroutines that are about to queue assignments for this worker
+	// run first, so that they leave in this write: without it, batching depended on
+	// whether an idle P happened to start the flusher at once.
+	runtime.Gosched()
 	for {
 		wc.pendingMu.Lock()
 		batch := wc.pending
