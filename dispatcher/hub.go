@@ -12,7 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/golang-lru/v2/expirable"
 	"github.com/rs/zerolog"
 
 	"github.com/smartroute/smartroute/dispatcher/scheduler"
@@ -37,9 +36,7 @@ type hub struct {
 	workers map[string]*workerConn // connected workers by id
 	closing bool                   // shutdown began: no new tasks or workers
 	idle    chan struct{}          // closed when closing and no task is active
-	// finished keeps answered tasks for GET /tasks/{id} and resubmissions. It locks
-	// itself; it sits here because it is only touched together with active.
-	finished *expirable.LRU[string, *taskRecord]
+	finished *retention // answered tasks, for GET /tasks/{id} and resubmissions
 	met      *metrics // per-label children guarded by mu; see metrics.go
 	// journal keeps asynchronous tasks across restarts; nil when Config.DataDir is
 	// empty. It locks itself.
@@ -67,7 +64,7 @@ func newHub(cfg Config) (*hub, error) {
 		sched:    sched,
 		active:   make(map[string]*taskRecord),
 		workers:  make(map[string]*workerConn),
-		finished: expirable.NewLRU[string, *taskRecord](cfg.TaskRetentionCount, nil, cfg.TaskRetention),
+		finished: newRetention(cfg.TaskRetention, cfg.TaskRetentionCount),
 	}
 	h.met = newMetrics(h, cfg.MetricsMaxLabels)
 	h.envelope.Body = &pb.Envelope_Assignment{Assignment: &h.assignment}
@@ -222,25 +219,20 @@ func (h *hub) knownLocked(id string) *taskRecord {
 	if rec := h.active[id]; rec != nil {
 		return rec
 	}
-	if rec, ok := h.finished.Get(id); ok && !h.retentionOver(rec) {
+	if rec, ok := h.finished.get(id, h.clock.Now()); ok {
 		return rec
 	}
 	return nil
-}
-
-// retentionOver reports whether a finished record outlived the retention. The LRU
-// expires records by when they were added to it; records recovered from the journal
-// were added at start, so their own finish time decides.
-func (h *hub) retentionOver(rec *taskRecord) bool {
-	return !rec.finishedAt.IsZero() && h.clock.Now().Sub(rec.finishedAt) >= h.cfg.TaskRetention
 }
 
 // recover takes over a journal's tasks at start: answers within the retention are
 // served again, pending tasks run again with their original deadlines, and pending
 // tasks whose deadline passed while no dispatcher ran are failed with 504.
 func (h *hub) recover(pending, answered []journalEntry) (requeued, expired int) {
+	// Oldest answer first, as the retention expects them (the journal is keyed by id).
+	sort.Slice(answered, func(i, j int) bool { return answered[i].Finished < answered[j].Finished })
 	for _, e := range answered {
-		h.finished.Add(e.ID, recordFromEntry(e))
+		h.finished.add(recordFromEntry(e))
 	}
 	// In the order they were accepted: the journal is keyed by id.
 	sort.Slice(pending, func(i, j int) bool { return pending[i].Created < pending[j].Created })
@@ -346,7 +338,7 @@ func (h *hub) finish(rec *taskRecord, status string, httpStatus int, errMsg stri
 		h.journal.complete(*rec.entry())
 	}
 	delete(h.active, rec.sched.ID)
-	h.finished.Add(rec.sched.ID, rec)
+	h.finished.add(rec)
 	close(rec.done)
 	if h.closing && len(h.active) == 0 && h.idle != nil {
 		close(h.idle)
@@ -354,12 +346,13 @@ func (h *hub) finish(rec *taskRecord, status string, httpStatus int, errMsg stri
 	}
 }
 
-// tick fails queued tasks whose deadline passed and lets free workers reconsider
-// tasks that have waited too long.
+// tick fails queued tasks whose deadline passed, lets free workers reconsider tasks
+// that have waited too long, and drops answers whose retention is over.
 func (h *hub) tick() {
 	h.mu.Lock()
 	h.apply(h.sched.Expire())
 	h.apply(h.sched.Rebalance())
+	h.finished.sweep(h.clock.Now())
 	h.mu.Unlock()
 }
 

@@ -53,7 +53,7 @@ func TestResubmissionAfterDeadlineGetsStoredAnswer(t *testing.T) {
 	if got := <-ans; got.status != 200 {
 		t.Fatalf("first answer %v", got)
 	}
-	rec, _ := b.d.hub.finished.Get("r1")
+	rec := b.d.hub.known("r1")
 	rec.sched.Deadline = time.Now().Add(-time.Hour) // as if answered long ago
 	for i := 0; i < 20; i++ {
 		if code, v := b.post("/run-task", `{"task_id":"r1","task_type":"x","label":"m"}`); code != 200 || v["result"] != "ok" {

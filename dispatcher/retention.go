@@ -1,0 +1,65 @@
+package dispatcher
+
+import (
+	"time"
+
+	"github.com/hashicorp/golang-lru/v2/simplelru"
+)
+
+// retention keeps answered tasks for GET /tasks/{id} and resubmissions of their ids,
+// for TaskRetention and at most TaskRetentionCount of them. Guarded by hub.mu.
+//
+// Records are kept in the order they were answered: lookups peek and do not refresh
+// them, so the oldest entry is always the first to expire, and the hub's tick drops
+// expired ones from that end. (An expirable LRU did the same with a lock, a bucket
+// list and a goroutine of its own: a tenth of the dispatcher's routing cost per task.)
+type retention struct {
+	ttl   time.Duration
+	tasks *simplelru.LRU[string, *taskRecord]
+}
+
+// sweepBatch bounds the expired records dropped per tick, so that a burst of expiries
+// does not hold the hub's lock for long; the rest go on later ticks, and lookups
+// already treat them as gone.
+const sweepBatch = 4096
+
+func newRetention(ttl time.Duration, size int) *retention {
+	tasks, err := simplelru.NewLRU[string, *taskRecord](size, nil)
+	if err != nil { // only for a size below one, which Config.validate refuses
+		panic(err)
+	}
+	return &retention{ttl: ttl, tasks: tasks}
+}
+
+// add keeps an answered record; the oldest goes when the count is reached.
+func (r *retention) add(rec *taskRecord) { r.tasks.Add(rec.sched.ID, rec) }
+
+// get returns the answered record under id unless its retention is over.
+func (r *retention) get(id string, now time.Time) (*taskRecord, bool) {
+	rec, ok := r.tasks.Peek(id)
+	if !ok || r.expired(rec, now) {
+		return nil, false
+	}
+	return rec, true
+}
+
+// expired reports whether an answered record outlived the retention, counted from its
+// answer (records recovered from the journal keep their original answer time).
+func (r *retention) expired(rec *taskRecord, now time.Time) bool {
+	return now.Sub(rec.finishedAt) >= r.ttl
+}
+
+// sweep drops up to sweepBatch expired records from the oldest end.
+func (r *retention) sweep(now time.Time) (dropped int) {
+	for dropped < sweepBatch {
+		_, rec, ok := r.tasks.GetOldest()
+		if !ok || !r.expired(rec, now) {
+			return dropped
+		}
+		r.tasks.RemoveOldest()
+		dropped++
+	}
+	return dropped
+}
+
+func (r *retention) len() int { return r.tasks.Len() }
