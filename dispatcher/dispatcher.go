@@ -189,10 +189,9 @@ func (d *Dispatcher) runTask(c echo.Context) error {
 	default:
 	}
 	// Wait for the answer. A producer that goes away leaves the task running; its
-	// result stays available from GET /tasks/{id}. The safety timer answers 504 if a
-	// worker overruns the deadline and never reports back.
-	safety := time.NewTimer(time.Until(rec.sched.Deadline) + 5*time.Second)
-	defer safety.Stop()
+	// result stays available from GET /tasks/{id}. If a worker overruns the deadline
+	// and never reports back, the producer gets 504 once overdueGrace has passed.
+	overdue := d.hub.overdue.after(rec.sched.Deadline.Add(overdueGrace))
 	if d.cfg.onWait != nil {
 		d.cfg.onWait(rec.sched.ID)
 	}
@@ -201,7 +200,7 @@ func (d *Dispatcher) runTask(c echo.Context) error {
 		return writeView(c, rec.answerStatus(), rec.view())
 	case <-c.Request().Context().Done():
 		return nil
-	case <-safety.C:
+	case <-overdue:
 		return c.JSON(http.StatusGatewayTimeout, errorBody{"deadline exceeded; task " + rec.sched.ID + " is still running"})
 	}
 }

@@ -37,6 +37,9 @@ type hub struct {
 	closing bool                   // shutdown began: no new tasks or workers
 	idle    chan struct{}          // closed when closing and no task is active
 	finished *retention // answered tasks, for GET /tasks/{id} and resubmissions
+	// overdue wakes synchronous producers whose worker overran the deadline. It locks
+	// itself.
+	overdue *overdueWheel
 	met      *metrics // per-label children guarded by mu; see metrics.go
 	// journal keeps asynchronous tasks across restarts; nil when Config.DataDir is
 	// empty. It locks itself.
@@ -65,6 +68,7 @@ func newHub(cfg Config) (*hub, error) {
 		active:   make(map[string]*taskRecord),
 		workers:  make(map[string]*workerConn),
 		finished: newRetention(cfg.TaskRetention, cfg.TaskRetentionCount),
+		overdue:  newOverdueWheel(cfg.Clock.Now()),
 	}
 	h.met = newMetrics(h, cfg.MetricsMaxLabels)
 	h.envelope.Body = &pb.Envelope_Assignment{Assignment: &h.assignment}
@@ -347,13 +351,16 @@ func (h *hub) finish(rec *taskRecord, status string, httpStatus int, errMsg stri
 }
 
 // tick fails queued tasks whose deadline passed, lets free workers reconsider tasks
-// that have waited too long, and drops answers whose retention is over.
+// that have waited too long, drops answers whose retention is over, and wakes
+// producers whose worker overran its deadline.
 func (h *hub) tick() {
 	h.mu.Lock()
 	h.apply(h.sched.Expire())
 	h.apply(h.sched.Rebalance())
-	h.finished.sweep(h.clock.Now())
+	now := h.clock.Now()
+	h.finished.sweep(now)
 	h.mu.Unlock()
+	h.overdue.sweep(now)
 }
 
 // viewOf snapshots a record under the lock.
