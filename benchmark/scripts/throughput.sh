@@ -27,11 +27,13 @@ LUA="$RELAY_DIR/post.lua"
 "$BIN/dispatcher" --addr 127.0.0.1:18080 --log-level warn --data-dir "$BIN/data" --task-retention 1s >"$BIN/dispatcher.log" 2>&1 &
 OURS_PIDS=$!
 # Agents run in one process (--agents), as the relay's workers run inside the relay;
-# AGENT_PROCS=$WORKERS runs one process per agent instead.
+# AGENT_PROCS=$WORKERS runs one process per agent instead. Each agent process gets
+# GOMAXPROCS=1, as in the Helm chart, whose agent container is limited to one CPU
+# (Go sets GOMAXPROCS from that limit); AGENT_GOMAXPROCS overrides it.
 AGENT_PROCS=${AGENT_PROCS:-1}
 per=$(( WORKERS / AGENT_PROCS ))
 for p in $(seq 1 "$AGENT_PROCS"); do
-  "$BIN/worker-agent" --dispatcher-url ws://127.0.0.1:18080/worker-listen --worker-id tp-$p --agents "$per" \
+  GOMAXPROCS=${AGENT_GOMAXPROCS:-1} "$BIN/worker-agent" --dispatcher-url ws://127.0.0.1:18080/worker-listen --worker-id tp-$p --agents "$per" \
     --slots "${SLOTS:-1}" --max-labels 5 --sim-load-time 0 --sim-run-time 0 --log-level warn >"$BIN/agent-$p.log" 2>&1 &
   OURS_PIDS="$OURS_PIDS $!"
 done
