@@ -97,6 +97,11 @@ type agent struct {
 	unavailableReason string // why not, when !available
 	tasks             map[taskKey]*runningTask
 	idle              chan struct{} // closed when tasks empties; a fresh one when it fills
+
+	// runq hands attempts to idle runner goroutines (startTask); idleRunners counts
+	// those waiting on it, at most Slots.
+	runq        chan taskJob
+	idleRunners atomic.Int32
 }
 
 func newAgent(cfg Config) (_ *agent, err error) {
@@ -162,6 +167,7 @@ func newAgent(cfg Config) (_ *agent, err error) {
 		drainCh:     make(chan struct{}),
 		tasks:       make(map[taskKey]*runningTask),
 		idle:        closed,
+		runq:        make(chan taskJob),
 		available:   true, // until Health says otherwise
 	}, nil
 }
