@@ -13,6 +13,7 @@ func TestResultEncoding(t *testing.T) {
 	for _, task := range []backend.Task{
 		{ID: "t-1", Type: "sample_task", Label: "label-1", Params: []byte(`{"data": "sample"}`)},
 		{ID: "t-2", Type: "x", Label: "m", Params: []byte("a\\b\"c <&> \x01 é \xff")},
+		{ID: "t-3", Type: "x", Label: "m", Params: []byte(`printable \ "quoted" only`)},
 		{},
 	} {
 		want, _ := json.Marshal(result{TaskID: task.ID, TaskType: task.Type, Label: task.Label, WorkerID: "w-1", ParametersJSON: string(task.Params)})

@@ -168,12 +168,15 @@ func appendString(b []byte, s string) []byte {
 		}
 	}
 	b = append(b, '"')
+	start := 0 // copied in runs between escapes, not byte by byte
 	for i := 0; i < len(s); i++ {
 		if c := s[i]; c == '"' || c == '\\' {
-			b = append(b, '\\')
+			b = append(b, s[start:i]...)
+			b = append(b, '\\', c)
+			start = i + 1
 		}
-		b = append(b, s[i])
 	}
+	b = append(b, s[start:]...)
 	return append(b, '"')
 }
 
