@@ -21,11 +21,17 @@ type BatchConn struct {
 	mu   sync.Mutex
 	held bool
 	buf  *[]byte // from batchBuffers while held; nil otherwise, so idle costs nothing
-	// flushing says a batch is being written. A write deadline set meanwhile (a ping's
-	// short one, from another goroutine) would cut that write short, so it waits in
-	// deadline until the batch is out.
-	flushing bool
-	deadline *time.Time
+	// Write deadlines are not passed to the socket while they would not govern a
+	// write. Set while held (gorilla sets one before every frame), the last one is
+	// kept in batchDeadline for the batch's own write: one timer update per batch, not
+	// per frame. Set while flushing (a ping's short one, from another goroutine), it
+	// would cut the batch's write short, so it waits in afterFlush until the batch is
+	// out.
+	flushing         bool
+	batchDeadline    time.Time
+	hasBatchDeadline bool
+	afterFlush       time.Time
+	hasAfterFlush    bool
 }
 
 // NewBatchConn wraps c.
@@ -76,8 +82,15 @@ func (c *BatchConn) Flush() error {
 	bp := c.buf
 	c.buf = nil
 	c.flushing = true
+	deadline, hasDeadline := c.batchDeadline, c.hasBatchDeadline
+	c.hasBatchDeadline = false
 	c.mu.Unlock()
 	defer c.flushed()
+	if hasDeadline {
+		if err := c.Conn.SetWriteDeadline(deadline); err != nil {
+			return err
+		}
+	}
 	// Written outside the lock: a frame written meanwhile goes straight through, which
 	// may put it ahead of the batch, and that is fine, since gorilla wrote each frame
 	// whole and a net.Conn's writes do not interleave.
@@ -94,20 +107,25 @@ func (c *BatchConn) flushed() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.flushing = false
-	if c.deadline != nil {
-		_ = c.Conn.SetWriteDeadline(*c.deadline)
-		c.deadline = nil
+	if c.hasAfterFlush {
+		_ = c.Conn.SetWriteDeadline(c.afterFlush)
+		c.hasAfterFlush = false
 	}
 }
 
-// SetWriteDeadline sets the socket's write deadline, or, while a batch is being
-// written, keeps it for when the batch is out: a frame written meanwhile waits for
-// the socket anyway, and its deadline must not end the batch's write.
+// SetWriteDeadline sets the socket's write deadline. While writes are held it is kept
+// for the batch's write; while a batch is being written, it is kept for when the batch
+// is out: a frame written meanwhile waits for the socket anyway, and its deadline must
+// not end the batch's write.
 func (c *BatchConn) SetWriteDeadline(t time.Time) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.flushing {
-		c.deadline = &t
+	switch {
+	case c.flushing:
+		c.afterFlush, c.hasAfterFlush = t, true
+		return nil
+	case c.held:
+		c.batchDeadline, c.hasBatchDeadline = t, true
 		return nil
 	}
 	return c.Conn.SetWriteDeadline(t)

@@ -118,3 +118,35 @@ func TestBatchConnKeepsDeadlinesUntilTheBatchIsOut(t *testing.T) {
 		t.Fatalf("deadlines after the flush %v, want the ping's", under.deadlines)
 	}
 }
+
+// Deadlines set while writes are held reach the socket once, the last one, just before
+// the batch's write: gorilla sets one per frame, and each was a timer update.
+func TestBatchConnSetsOneDeadlinePerBatch(t *testing.T) {
+	t.Parallel()
+	under := &deadlineConn{writing: make(chan struct{}, 1), release: make(chan struct{})}
+	close(under.release)
+	c := NewBatchConn(under)
+	c.Hold()
+	first, last := time.Now().Add(time.Second), time.Now().Add(2*time.Second)
+	c.SetWriteDeadline(first)
+	c.Write([]byte("a"))
+	c.SetWriteDeadline(last)
+	c.Write([]byte("b"))
+	under.mu.Lock()
+	early := len(under.deadlines)
+	under.mu.Unlock()
+	if early != 0 {
+		t.Fatalf("%d deadlines reached the socket while held, want none", early)
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	<-under.writing
+	if len(under.deadlines) != 1 || !under.deadlines[0].Equal(last) {
+		t.Fatalf("deadlines %v, want only the last one set while held", under.deadlines)
+	}
+	c.SetWriteDeadline(first) // not held: straight through
+	if len(under.deadlines) != 2 {
+		t.Fatalf("deadline outside a batch did not reach the socket: %v", under.deadlines)
+	}
+}
