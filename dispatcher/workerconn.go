@@ -309,8 +309,9 @@ func (d *Dispatcher) readHello(wc *workerConn) (*pb.Hello, error) {
 func (d *Dispatcher) readLoop(wc *workerConn) *Disconnect {
 	ws := wc.ws
 	pongWait := d.cfg.PingInterval * 5 / 2
-	ws.SetReadDeadline(time.Now().Add(pongWait))
-	ws.SetPongHandler(func(string) error { return ws.SetReadDeadline(time.Now().Add(pongWait)) })
+	deadline := frame.NewReadDeadline(ws.SetReadDeadline)
+	deadline.Extend(pongWait)
+	ws.SetPongHandler(func(string) error { return deadline.Extend(pongWait) })
 	readFailed := func(err error) *Disconnect {
 		if ce := (*websocket.CloseError)(nil); errors.As(err, &ce) {
 			return &Disconnect{Code: pb.CloseCode(ce.Code), Reason: "worker closed: " + ce.Text}
@@ -323,7 +324,7 @@ func (d *Dispatcher) readLoop(wc *workerConn) *Disconnect {
 		if err != nil {
 			return readFailed(err)
 		}
-		ws.SetReadDeadline(time.Now().Add(pongWait))
+		deadline.Extend(pongWait)
 		if kind != websocket.BinaryMessage {
 			return &Disconnect{Code: pb.CloseCode_CLOSE_CODE_BAD_FRAME, Reason: "frames must be binary protobuf envelopes"}
 		}

@@ -33,6 +33,9 @@ type session struct {
 	writeTimeout time.Duration
 	readTimeout  time.Duration
 	pingInterval time.Duration
+	// readDeadline is the reader's: readFrame and the ping and pong handlers, which
+	// gorilla runs inside the reader's calls.
+	readDeadline *frame.ReadDeadline
 
 	// out holds frames for the writer: any goroutine sends (without blocking), only
 	// writeLoop receives.
@@ -63,6 +66,7 @@ func newSession(id uint64, conn *websocket.Conn, cfg *Config, log zerolog.Logger
 		closeReq:     make(chan struct{}, 1),
 		done:         make(chan struct{}),
 	}
+	s.readDeadline = frame.NewReadDeadline(conn.SetReadDeadline)
 	conn.SetReadLimit(int64(cfg.MaxFrameSize))
 	// Any sign of life from the dispatcher extends the read deadline.
 	conn.SetPingHandler(func(data string) error {
@@ -81,7 +85,7 @@ func newSession(id uint64, conn *websocket.Conn, cfg *Config, log zerolog.Logger
 }
 
 func (s *session) extendReadDeadline() {
-	_ = s.conn.SetReadDeadline(time.Now().Add(s.readTimeout))
+	_ = s.readDeadline.Extend(s.readTimeout)
 }
 
 // send queues env for the writer. It never blocks: on a session that is over it drops
@@ -249,7 +253,7 @@ func (s *session) closeWith(code int, reason string, err error) {
 // the dispatcher's fault come back as *protocolError; close frames as *CloseError. A
 // nil envelope with a nil error is a frame to skip.
 func (s *session) readFrame(maxSize int, timeout time.Duration) (*pb.Envelope, error) {
-	_ = s.conn.SetReadDeadline(time.Now().Add(timeout))
+	_ = s.readDeadline.Extend(timeout)
 	kind, r, err := s.conn.NextReader()
 	if err != nil {
 		return nil, asCloseError(err)
