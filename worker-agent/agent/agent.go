@@ -102,6 +102,11 @@ type agent struct {
 	// those waiting on it, at most Slots.
 	runq        chan taskJob
 	idleRunners atomic.Int32
+
+	// deadlineTimer runs expireTasks at deadlineAt, the earliest deadline of an attempt
+	// when it was armed (zero: not armed). Guarded by mu.
+	deadlineTimer *time.Timer
+	deadlineAt    time.Time
 }
 
 func newAgent(cfg Config) (_ *agent, err error) {
@@ -263,6 +268,7 @@ func intersectLabels(configured, backendLabels []string) []string {
 // stopBackground cancels the remaining work and waits for loads and the poller.
 func (a *agent) stopBackground() {
 	a.stopWork(errShutdown)
+	a.stopTasks()
 	if a.labels != nil {
 		a.labels.wait()
 	}

@@ -40,9 +40,10 @@ type runningTask struct {
 	// shutdown). One plain context per attempt, not a cause-carrying one under a
 	// deadline one: two contexts per task were a tenth of an agent's CPU.
 	cancelCtx context.CancelFunc
-	cause     error    // guarded by agent.mu
-	s         *session // the session it was assigned on, where its result goes
-	holdsSlot bool     // counted in s.tasks; false once the result is about to go out
+	cause     error     // guarded by agent.mu
+	s         *session  // the session it was assigned on, where its result goes
+	holdsSlot bool      // counted in s.tasks; false once the result is about to go out
+	deadline  time.Time // zero: none
 }
 
 // cancel ends the attempt with cause (nil only releases the context); the first
@@ -54,18 +55,64 @@ func (rt *runningTask) cancel(cause error) {
 	rt.cancelCtx()
 }
 
-// cancelCause says why an attempt's context ended: its deadline if that came first,
-// else the cause it was cancelled with, else the agent's (shutdown).
+// cancelCause says why an attempt's context ended: the first cause it was cancelled
+// with (its deadline, a Cancel frame, shutdown).
 func (a *agent) cancelCause(ctx context.Context, key taskKey) error {
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return errDeadline
-	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if rt := a.tasks[key]; rt != nil && rt.cause != nil {
 		return rt.cause
 	}
 	return context.Cause(ctx)
+}
+
+// armDeadline makes sure expireTasks runs by d. One timer serves every attempt: it is
+// armed for the earliest deadline and, when it fires, re-armed for the next one.
+// Caller holds a.mu.
+func (a *agent) armDeadline(d time.Time) {
+	if !a.deadlineAt.IsZero() && !d.Before(a.deadlineAt) {
+		return
+	}
+	a.deadlineAt = d
+	if a.deadlineTimer == nil {
+		a.deadlineTimer = time.AfterFunc(time.Until(d), a.expireTasks)
+		return
+	}
+	a.deadlineTimer.Reset(time.Until(d))
+}
+
+// expireTasks cancels the attempts whose deadline has passed and re-arms the timer
+// for the next deadline.
+func (a *agent) expireTasks() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	now := time.Now()
+	a.deadlineAt = time.Time{}
+	var next time.Time
+	for _, rt := range a.tasks {
+		switch {
+		case rt.deadline.IsZero():
+		case !now.Before(rt.deadline):
+			rt.cancel(errDeadline)
+		case next.IsZero() || rt.deadline.Before(next):
+			next = rt.deadline
+		}
+	}
+	if !next.IsZero() {
+		a.armDeadline(next)
+	}
+}
+
+// stopTasks cancels every attempt for shutdown and stops the deadline timer.
+func (a *agent) stopTasks() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, rt := range a.tasks {
+		rt.cancel(errShutdown)
+	}
+	if a.deadlineTimer != nil {
+		a.deadlineTimer.Stop()
+	}
 }
 
 // outcome is how an attempt went, for its result and its log record.
@@ -126,17 +173,26 @@ func (a *agent) assign(s *session, asg *pb.TaskAssignment) {
 		// results will be discarded) do not hold up the new connection's work.
 		refusal = fmt.Sprintf("no free slot: this worker runs %d task(s) at once", a.cfg.Slots)
 	default:
-		var ctx context.Context
-		var cancel context.CancelFunc
+		// Not a child of workCtx, and no deadline timer of its own: registering with a
+		// parent and arming a timer were a seventh of an agent's CPU per task. Shutdown
+		// (stopTasks) and deadlines (expireTasks) cancel it through a.tasks instead.
+		ctx, cancel := context.WithCancel(context.Background())
+		rt := &runningTask{cancelCtx: cancel, s: s, holdsSlot: true}
 		if ms := asg.GetDeadlineUnixMs(); ms > 0 {
-			ctx, cancel = context.WithDeadline(a.workCtx, time.UnixMilli(ms))
-		} else {
-			ctx, cancel = context.WithCancel(a.workCtx)
+			rt.deadline = time.UnixMilli(ms)
+			if received.Before(rt.deadline) {
+				a.armDeadline(rt.deadline)
+			} else {
+				rt.cancel(errDeadline) // over before it began
+			}
+		}
+		if a.workCtx.Err() != nil { // shutting down: stopTasks may have run already
+			rt.cancel(errShutdown)
 		}
 		if len(a.tasks) == 0 {
 			a.idle = make(chan struct{})
 		}
-		a.tasks[key] = &runningTask{cancelCtx: cancel, s: s, holdsSlot: true}
+		a.tasks[key] = rt
 		s.tasks++
 		a.mu.Unlock()
 		a.startTask(taskJob{ctx: ctx, s: s, asg: asg, key: key, received: received})

@@ -363,6 +363,33 @@ func TestCancelEndsTheAttempt(t *testing.T) {
 	}
 }
 
+// A deadline that passes while the attempt runs cancels it, and the result says so;
+// the one timer is re-armed for the attempt with the next deadline.
+func TestDeadlineEndsTheRunningAttempt(t *testing.T) {
+	t.Parallel()
+	g := newGate(t)
+	fake := backendtest.New()
+	fake.OnRun = func(ctx context.Context, task backend.Task) ([]byte, error) {
+		return nil, g.hold(ctx, task.ID)
+	}
+	h := setup(t, withFake(fake), withConfig(func(c *agent.Config) { c.Slots = 2 }))
+	p := h.connect()
+	soon := time.Now().Add(50 * time.Millisecond)
+	p.assign(&pb.TaskAssignment{TaskId: "later", Label: "a", DeadlineUnixMs: soon.Add(50 * time.Millisecond).UnixMilli()})
+	g.waitStarted(t)
+	p.assign(&pb.TaskAssignment{TaskId: "soon", Label: "a", DeadlineUnixMs: soon.UnixMilli()})
+	g.waitStarted(t)
+	for _, want := range []string{"soon", "later"} {
+		r := p.result()
+		if r.GetTaskId() != want || r.GetOk() || !r.GetDeadlineExceeded() || !strings.Contains(r.GetError(), "deadline exceeded") {
+			t.Fatalf("result %v, want %s ended by its deadline", r, want)
+		}
+	}
+	if err := h.stop(p); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+}
+
 func TestAssignmentBeyondSlotsFailsFast(t *testing.T) {
 	t.Parallel()
 	g := newGate(t)
