@@ -72,3 +72,34 @@ func benchAssign(b *testing.B, path string, workers, labels int) {
 		}
 	}
 }
+
+// BenchmarkWaitEstimate measures the wait estimate a placement makes when every holder
+// of the label is busy (the throughput benchmark's steady state: 8 workers of 8 slots,
+// every one holding all 5 labels, tasks of the labels in turn).
+func BenchmarkWaitEstimate(b *testing.B) {
+	clock := &fakeClock{now: time.Unix(0, 0)}
+	s, err := New(Config{Seed: 1}, clock)
+	if err != nil {
+		b.Fatal(err)
+	}
+	labels := []string{"label-1", "label-2", "label-3", "label-4", "label-5"}
+	for i := 0; i < 8; i++ {
+		if _, err := s.AddWorker(WorkerSpec{ID: fmt.Sprintf("w%d", i), MaxLabels: 5, Slots: 8, Labels: labels}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	tasks := make([]Task, 64)
+	for i := range tasks {
+		tasks[i] = Task{ID: fmt.Sprint(i), Label: labels[i%len(labels)]}
+		if out, err := s.Submit(&tasks[i]); err != nil || len(out.Assigned) != 1 {
+			b.Fatalf("submit %d: %v %+v", i, err, out)
+		}
+	}
+	clock.now = clock.now.Add(time.Millisecond)
+	ls := s.labels["label-1"]
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		s.loadBeatsWait("label-1", ls, 3)
+	}
+}

@@ -34,6 +34,9 @@ func check(t *testing.T, s *Scheduler) {
 			if r.excludes(w.id) {
 				t.Fatalf("task %s runs on %s, where its label failed to load", r.ID, w.id)
 			}
+			if i := w.find(r.Label); i < 0 || w.held[i].state != r.labelState {
+				t.Fatalf("running task %s: its labelState is not its held label's", r.ID)
+			}
 		}
 		for _, h := range w.held {
 			if s.labels[h.label] != h.state {

@@ -715,27 +715,42 @@ func (s *Scheduler) remaining(w *worker, now time.Time) time.Duration {
 	}
 	left := time.Duration(-1)
 	for _, t := range w.running {
-		i := w.find(t.Label)
-		var st estimate
-		if i >= 0 {
-			st = s.statsOf(w.held[i].state)
-		} else {
-			st = s.stats(t.Label)
-		}
-		expect := st.run
-		if i >= 0 {
-			if w.held[i].runEst > 0 {
-				expect = w.held[i].runEst
-			}
-			if w.held[i].pending {
-				expect += st.load
-			}
-		}
-		if d := max(t.Started.Add(expect).Sub(now), 0); left < 0 || d < left {
+		if d := max(s.expectedRun(w, t)-now.Sub(t.Started), 0); left < 0 || d < left {
 			left = d
 		}
 	}
 	return max(left, 0)
+}
+
+// expectedRun is how long running task t takes on w from its start: the run time w has
+// shown for its label, plus the label's load time while its load is still under way.
+// This runs for every running task of every holder sampled on every placement that
+// finds no idle holder, so the label is found by its state pointer, which the task
+// took when it started (a running task's label is held and cannot be forgotten),
+// rather than by comparing names.
+func (s *Scheduler) expectedRun(w *worker, t *Task) time.Duration {
+	i := -1
+	for j := range w.held {
+		if w.held[j].state == t.labelState {
+			i = j
+			break
+		}
+	}
+	if i < 0 {
+		i = w.find(t.Label)
+	}
+	if i < 0 {
+		return s.stats(t.Label).run
+	}
+	st := s.statsOf(w.held[i].state)
+	expect := st.run
+	if w.held[i].runEst > 0 {
+		expect = w.held[i].runEst
+	}
+	if w.held[i].pending {
+		expect += st.load
+	}
+	return expect
 }
 
 // passedOverTooLong reports whether a queued task has waited past its pass-over bound.
@@ -838,6 +853,7 @@ func (s *Scheduler) assign(w *worker, t *Task) {
 	t.Started = s.clock.Now()
 	w.running = append(w.running, t)
 	i := w.find(t.Label)
+	t.labelState = w.held[i].state
 	w.held[i].inUse++
 	s.useTick++
 	w.held[i].lastUse = s.useTick

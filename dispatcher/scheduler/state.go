@@ -29,6 +29,8 @@ type Task struct {
 	state  taskState
 	seq    uint64
 	worker *worker
+	// labelState is the label's state while the task runs (set by assign; stale after).
+	labelState *labelState
 	// excluded lists the workers this task's label failed to load on: the task does
 	// not go back to them.
 	excluded []string
