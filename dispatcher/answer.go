@@ -9,6 +9,10 @@ import (
 	"github.com/labstack/echo/v4"
 )
 
+// jsonContentType is the Content-Type of answers. Shared by every response: len equals
+// cap, so a later Add copies it rather than writing into it.
+var jsonContentType = []string{echo.MIMEApplicationJSON}
+
 // answerBuffers recycles the buffers answers are encoded into.
 var answerBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
 
@@ -20,7 +24,12 @@ func writeView(c echo.Context, status int, v taskView) error {
 	bp := answerBuffers.Get().(*[]byte)
 	b := v.appendJSON((*bp)[:0])
 	b = append(b, '\n') // as json.Encoder, which c.JSON uses, ends its output
-	err := c.Blob(status, echo.MIMEApplicationJSON, b)
+	// What c.Blob does, without looking the header up and canonicalising its name for
+	// every answer.
+	r := c.Response()
+	r.Header()[echo.HeaderContentType] = jsonContentType
+	r.WriteHeader(status)
+	_, err := r.Write(b)
 	if cap(b) <= 64<<10 { // a rare huge result is not kept
 		*bp = b
 		answerBuffers.Put(bp)

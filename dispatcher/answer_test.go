@@ -3,8 +3,38 @@ package dispatcher
 import (
 	"bytes"
 	"encoding/json"
+	"net/http"
+	"net/http/httptest"
 	"testing"
+
+	"github.com/labstack/echo/v4"
 )
+
+// writeView answers as c.JSON would: the status, a JSON Content-Type, the view and a
+// newline; and a second answer does not see the first one's header.
+func TestWriteViewAnswersJSON(t *testing.T) {
+	t.Parallel()
+	e := echo.New()
+	v := taskView{TaskID: "t-1", Status: statusCompleted, Label: "m", TaskType: "x"}
+	for _, status := range []int{http.StatusOK, http.StatusGatewayTimeout} {
+		rec := httptest.NewRecorder()
+		c := e.NewContext(httptest.NewRequest(http.MethodPost, "/run-task", nil), rec)
+		if err := writeView(c, status, v); err != nil {
+			t.Fatal(err)
+		}
+		rec.Header().Add(echo.HeaderContentType, "mutated") // must not reach the shared value
+		want, _ := json.Marshal(v)
+		if rec.Code != status || rec.Body.String() != string(want)+"\n" {
+			t.Fatalf("answer %d %q, want %d %s", rec.Code, rec.Body.String(), status, want)
+		}
+		if got := rec.Header().Values(echo.HeaderContentType)[0]; got != echo.MIMEApplicationJSON {
+			t.Fatalf("Content-Type %q", got)
+		}
+	}
+	if len(jsonContentType) != 1 || jsonContentType[0] != echo.MIMEApplicationJSON {
+		t.Fatalf("the shared Content-Type value was changed: %q", jsonContentType)
+	}
+}
 
 // The hand-written answer is byte for byte what encoding/json makes of the view
 // (for a compact result, which is what workers send).
