@@ -68,14 +68,24 @@ rate() {
 wrk -t2 -c"$CONNS" -d2s -s "$LUA" http://127.0.0.1:18080/run-task >/dev/null
 wrk -t2 -c"$CONNS" -d2s -s "$LUA" http://127.0.0.1:18099/run-task >/dev/null
 printf '%-6s %-10s %-9s %-9s %-8s %-9s %-10s %-9s %-9s %-9s %-7s %s\n' round ours_rps ours_p50 ours_p99 ours_err ours_cpu relay_rps relay_p50 relay_p99 relay_cpu ratio cpu_ratio
-sum_ratio=0; sum_cpu=0
+sum_ratio=0; sum_cpu=0; ratios=
 for r in $(seq 1 "$ROUNDS"); do
-  read -r o50 o_p50 o_p99 o_err o_cpu < <(rate http://127.0.0.1:18080/run-task "$OURS_PIDS")
-  read -r r50 r_p50 r_p99 r_err r_cpu < <(rate http://127.0.0.1:18099/run-task "$RELAY_PIDS")
+  # Who goes first alternates, so that a machine slowing down or speeding up over the
+  # run does not favour one side.
+  if (( r % 2 )); then
+    read -r o50 o_p50 o_p99 o_err o_cpu < <(rate http://127.0.0.1:18080/run-task "$OURS_PIDS")
+    read -r r50 r_p50 r_p99 r_err r_cpu < <(rate http://127.0.0.1:18099/run-task "$RELAY_PIDS")
+  else
+    read -r r50 r_p50 r_p99 r_err r_cpu < <(rate http://127.0.0.1:18099/run-task "$RELAY_PIDS")
+    read -r o50 o_p50 o_p99 o_err o_cpu < <(rate http://127.0.0.1:18080/run-task "$OURS_PIDS")
+  fi
   ratio=$(awk -v a="$o50" -v b="$r50" 'BEGIN{printf "%.3f", a/b}')
   cpu_ratio=$(awk -v a="$r_cpu" -v b="$o_cpu" 'BEGIN{printf "%.3f", a/b}')
+  ratios="$ratios $ratio"
   sum_ratio=$(awk -v s="$sum_ratio" -v x="$ratio" 'BEGIN{print s+x}')
   sum_cpu=$(awk -v s="$sum_cpu" -v x="$cpu_ratio" 'BEGIN{print s+x}')
   printf '%-6s %-10s %-9s %-9s %-8s %-9s %-10s %-9s %-9s %-9s %-7s %s\n' "$r" "$o50" "$o_p50" "$o_p99" "$o_err" "$o_cpu" "$r50" "$r_p50" "$r_p99" "$r_cpu" "$ratio" "$cpu_ratio"
 done
 awk -v s="$sum_ratio" -v c="$sum_cpu" -v n="$ROUNDS" 'BEGIN{printf "mean ratio ours/relay: %.3f req/s, %.3f CPU per request (relay/ours) over %d rounds\n", s/n, c/n, n}'
+# The median and range of the req/s ratio: one round can be far off on a shared machine.
+echo "$ratios" | tr ' ' '\n' | grep . | sort -n | awk '{v[NR]=$1} END{m=(NR%2)?v[(NR+1)/2]:(v[NR/2]+v[NR/2+1])/2; printf "median req/s ratio %.3f (min %.3f, max %.3f)\n", m, v[1], v[NR]}'
