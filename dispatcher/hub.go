@@ -30,17 +30,17 @@ type hub struct {
 	idPrefix string
 	idSeq    atomic.Uint64
 
-	mu      sync.Mutex
-	sched   *scheduler.Scheduler
-	active  map[string]*taskRecord // tasks not finished yet
-	workers map[string]*workerConn // connected workers by id
-	closing bool                   // shutdown began: no new tasks or workers
-	idle    chan struct{}          // closed when closing and no task is active
-	finished *retention // answered tasks, for GET /tasks/{id} and resubmissions
+	mu       sync.Mutex
+	sched    *scheduler.Scheduler
+	active   map[string]*taskRecord // tasks not finished yet
+	workers  map[string]*workerConn // connected workers by id
+	closing  bool                   // shutdown began: no new tasks or workers
+	idle     chan struct{}          // closed when closing and no task is active
+	finished *retention             // answered tasks, for GET /tasks/{id} and resubmissions
 	// overdue wakes synchronous producers whose worker overran the deadline. It locks
 	// itself.
 	overdue *overdueWheel
-	met      *metrics // per-label children guarded by mu; see metrics.go
+	met     *metrics // per-label children guarded by mu; see metrics.go
 	// journal keeps asynchronous tasks across restarts; nil when Config.DataDir is
 	// empty. It locks itself.
 	journal *journal
