@@ -5,13 +5,15 @@ import (
 	"unicode/utf8"
 
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	pb "github.com/smartroute/smartroute/proto/smartroutev1"
 )
 
 // invalidUTF8 names the first string field of env that is not valid UTF-8, or returns
 // "". Proto3 strings must be UTF-8; protobuf's reflection-based codec enforces it, the
-// generated one does not. TestInvalidUTF8CoversEveryStringField walks the schema so
+// generated one does not. Encode checks with it; decoding checks on the wire
+// (checkWire), where every occurrence of a field is seen. TestInvalidUTF8CoversEveryStringField walks the schema so
 // that a string field added to a frame without a check here fails the build.
 func invalidUTF8(env *pb.Envelope) string {
 	switch b := env.Body.(type) {
@@ -90,10 +92,16 @@ func validStrings(ss []string) bool {
 	return true
 }
 
-// checkWire walks a frame's wire format as protobuf's own decoder would check it. An
-// envelope's fields are all messages (the body), so at the top level their contents
-// are walked too; bodies hold no messages of their own.
-func checkWire(b []byte, envelope bool) error {
+// envelopeDesc is the schema checkWire walks frames against.
+var envelopeDesc = (&pb.Envelope{}).ProtoReflect().Descriptor()
+
+// checkWire walks a frame's wire format as protobuf's own decoder checks it, against
+// the message md (the envelope at the top): over-long varints, field numbers out of
+// range, in fields it skips too; messages are walked into; and every occurrence of a
+// string field must be UTF-8. The generated decoder keeps only the last occurrence of
+// a field, so checking the decoded message would miss an earlier invalid one, which
+// protobuf refuses.
+func checkWire(b []byte, md protoreflect.MessageDescriptor) error {
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
@@ -103,13 +111,22 @@ func checkWire(b []byte, envelope bool) error {
 			return fmt.Errorf("field number %d out of range", num)
 		}
 		b = b[n:]
-		if envelope && typ == protowire.BytesType {
+		if typ == protowire.BytesType {
 			v, n := protowire.ConsumeBytes(b)
 			if n < 0 {
 				return protowire.ParseError(n)
 			}
-			if err := checkWire(v, false); err != nil {
-				return err
+			if fd := md.Fields().ByNumber(num); fd != nil {
+				switch fd.Kind() {
+				case protoreflect.StringKind:
+					if !utf8.Valid(v) {
+						return fmt.Errorf("string field %s contains invalid UTF-8", fd.FullName())
+					}
+				case protoreflect.MessageKind:
+					if err := checkWire(v, fd.Message()); err != nil {
+						return err
+					}
+				}
 			}
 			b = b[n:]
 			continue
