@@ -67,7 +67,7 @@ func newHub(cfg Config) (*hub, error) {
 		sched:    sched,
 		active:   make(map[string]*taskRecord),
 		workers:  make(map[string]*workerConn),
-		finished: newRetention(cfg.TaskRetention, cfg.TaskRetentionCount),
+		finished: newRetention(cfg.TaskRetention, cfg.TaskRetentionCount, cfg.Clock),
 		overdue:  newOverdueWheel(cfg.Clock.Now()),
 	}
 	h.met = newMetrics(h, cfg.MetricsMaxLabels)
@@ -223,7 +223,7 @@ func (h *hub) knownLocked(id string) *taskRecord {
 	if rec := h.active[id]; rec != nil {
 		return rec
 	}
-	if rec, ok := h.finished.get(id, h.clock.Now()); ok {
+	if rec, ok := h.finished.get(id); ok {
 		return rec
 	}
 	return nil

@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/golang-lru/v2/simplelru"
+
+	"github.com/smartroute/smartroute/dispatcher/scheduler"
 )
 
 // retention keeps answered tasks for GET /tasks/{id} and resubmissions of their ids,
@@ -15,6 +17,7 @@ import (
 // list and a goroutine of its own: a tenth of the dispatcher's routing cost per task.)
 type retention struct {
 	ttl   time.Duration
+	clock scheduler.Clock
 	tasks *simplelru.LRU[string, *taskRecord]
 }
 
@@ -23,21 +26,22 @@ type retention struct {
 // already treat them as gone.
 const sweepBatch = 4096
 
-func newRetention(ttl time.Duration, size int) *retention {
+func newRetention(ttl time.Duration, size int, clock scheduler.Clock) *retention {
 	tasks, err := simplelru.NewLRU[string, *taskRecord](size, nil)
 	if err != nil { // only for a size below one, which Config.validate refuses
 		panic(err)
 	}
-	return &retention{ttl: ttl, tasks: tasks}
+	return &retention{ttl: ttl, clock: clock, tasks: tasks}
 }
 
 // add keeps an answered record; the oldest goes when the count is reached.
 func (r *retention) add(rec *taskRecord) { r.tasks.Add(rec.sched.ID, rec) }
 
-// get returns the answered record under id unless its retention is over.
-func (r *retention) get(id string, now time.Time) (*taskRecord, bool) {
+// get returns the answered record under id unless its retention is over. The clock is
+// read only for a record found: most lookups are fresh ids.
+func (r *retention) get(id string) (*taskRecord, bool) {
 	rec, ok := r.tasks.Peek(id)
-	if !ok || r.expired(rec, now) {
+	if !ok || r.expired(rec, r.clock.Now()) {
 		return nil, false
 	}
 	return rec, true

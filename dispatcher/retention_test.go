@@ -14,32 +14,34 @@ func answered(id string, at time.Time) *taskRecord {
 
 func TestRetentionExpiresByAnswerTime(t *testing.T) {
 	t0 := time.Unix(1_700_000_000, 0)
-	r := newRetention(time.Minute, 10)
+	clock := &testClock{}
+	r := newRetention(time.Minute, 10, clock)
 	r.add(answered("a", t0))
 	r.add(answered("b", t0.Add(30*time.Second)))
-	if _, ok := r.get("a", t0.Add(59*time.Second)); !ok {
+	if _, ok := getAt(r, clock, "a", t0.Add(59*time.Second)); !ok {
 		t.Fatal("a gone before its retention")
 	}
-	if _, ok := r.get("a", t0.Add(time.Minute)); ok {
+	if _, ok := getAt(r, clock, "a", t0.Add(time.Minute)); ok {
 		t.Fatal("a still served after its retention")
 	}
 	// A lookup does not refresh: a is still the oldest and the first to go.
 	if n := r.sweep(t0.Add(time.Minute)); n != 1 || r.len() != 1 {
 		t.Fatalf("sweep dropped %d, %d left; want 1 dropped, 1 left", n, r.len())
 	}
-	if _, ok := r.get("b", t0.Add(time.Minute)); !ok {
+	if _, ok := getAt(r, clock, "b", t0.Add(time.Minute)); !ok {
 		t.Fatal("sweep dropped b, which is within its retention")
 	}
 }
 
 func TestRetentionCountDropsOldest(t *testing.T) {
 	t0 := time.Unix(1_700_000_000, 0)
-	r := newRetention(time.Hour, 3)
+	clock := &testClock{}
+	r := newRetention(time.Hour, 3, clock)
 	for i := range 5 {
 		r.add(answered(fmt.Sprint(i), t0))
 	}
 	for i, want := range []bool{false, false, true, true, true} {
-		if _, ok := r.get(fmt.Sprint(i), t0); ok != want {
+		if _, ok := getAt(r, clock, fmt.Sprint(i), t0); ok != want {
 			t.Errorf("task %d kept=%v, want %v", i, ok, want)
 		}
 	}
@@ -47,7 +49,8 @@ func TestRetentionCountDropsOldest(t *testing.T) {
 
 func TestRetentionSweepIsBounded(t *testing.T) {
 	t0 := time.Unix(1_700_000_000, 0)
-	r := newRetention(time.Second, 3*sweepBatch)
+	clock := &testClock{}
+	r := newRetention(time.Second, 3*sweepBatch, clock)
 	for i := range sweepBatch + 10 {
 		r.add(answered(fmt.Sprint(i), t0))
 	}
@@ -58,4 +61,12 @@ func TestRetentionSweepIsBounded(t *testing.T) {
 	if n := r.sweep(later); n != 10 || r.len() != 0 {
 		t.Fatalf("second sweep dropped %d, %d left", n, r.len())
 	}
+}
+
+// getAt looks id up with the clock at now.
+func getAt(r *retention, clock *testClock, id string, now time.Time) (*taskRecord, bool) {
+	clock.mu.Lock()
+	clock.now = now
+	clock.mu.Unlock()
+	return r.get(id)
 }

@@ -1,9 +1,6 @@
 package scheduler
 
-import (
-	"fmt"
-	"time"
-)
+import "time"
 
 // labelFailures is a label's recent load failures. A label with LabelFailureThreshold
 // failures within LabelFailureWindow is failing until `until`: its tasks fail at once.
@@ -23,13 +20,11 @@ type labelFailures struct {
 // queued for the label with FailLabelFailing. loadError is kept as the reason.
 func (s *Scheduler) LoadFailed(workerID string, t *Task, loadError string) (*Outcome, error) {
 	out := s.reset()
-	w, ok := s.workers[workerID]
-	if !ok {
-		return out, fmt.Errorf("%w: %s", ErrUnknownWorker, workerID)
+	w, i, err := s.runningOn(workerID, t)
+	if err != nil {
+		return out, err
 	}
-	if !s.takeBack(w, t) {
-		return out, fmt.Errorf("%w: %s on %s", ErrUnknownTask, t.ID, workerID)
-	}
+	s.takeBack(w, i, t)
 	t.excluded = append(t.excluded, workerID)
 	// The worker does not hold the label, whether or not its LabelGone came first.
 	if i := w.find(t.Label); i >= 0 {

@@ -391,19 +391,12 @@ type Observation struct {
 // worker take its next task.
 func (s *Scheduler) Complete(workerID string, t *Task, obs Observation) (*Outcome, error) {
 	out := s.reset()
-	w, ok := s.workers[workerID]
-	if !ok {
-		return out, fmt.Errorf("%w: %s", ErrUnknownWorker, workerID)
+	w, i, err := s.runningOn(workerID, t)
+	if err != nil {
+		return out, err
 	}
-	i := w.runningIndex(t)
-	if i < 0 {
-		return out, fmt.Errorf("%w: %s on %s", ErrUnknownTask, t.ID, workerID)
-	}
-	w.running[i] = w.running[len(w.running)-1]
-	w.running[len(w.running)-1] = nil
-	w.running = w.running[:len(w.running)-1]
+	w.unrun(i, t)
 	t.state = stateDone
-	t.worker = nil
 	s.observe(t.Label, obs)
 	if i := w.find(t.Label); i >= 0 && obs.RunTime > 0 {
 		h := w.held[i]
@@ -433,18 +426,34 @@ func (s *Scheduler) release(w *worker, label string, loaded bool) {
 	s.refreshFree(w)
 }
 
-// takeBack removes a running task from its worker without refilling the worker.
-func (s *Scheduler) takeBack(w *worker, t *Task) bool {
+// runningOn finds the worker workerID and t's place among its running tasks, or
+// returns the error Complete, Requeue and LoadFailed give for a report that matches no
+// running attempt.
+func (s *Scheduler) runningOn(workerID string, t *Task) (*worker, int, error) {
+	w, ok := s.workers[workerID]
+	if !ok {
+		return nil, -1, fmt.Errorf("%w: %s", ErrUnknownWorker, workerID)
+	}
 	i := w.runningIndex(t)
 	if i < 0 {
-		return false
+		return nil, -1, fmt.Errorf("%w: %s on %s", ErrUnknownTask, t.ID, workerID)
 	}
+	return w, i, nil
+}
+
+// unrun removes t, at index i of w.running, from the worker.
+func (w *worker) unrun(i int, t *Task) {
 	w.running[i] = w.running[len(w.running)-1]
 	w.running[len(w.running)-1] = nil
 	w.running = w.running[:len(w.running)-1]
 	t.worker = nil
+}
+
+// takeBack removes a running task, at index i of w.running, from its worker without
+// refilling the worker.
+func (s *Scheduler) takeBack(w *worker, i int, t *Task) {
+	w.unrun(i, t)
 	s.release(w, t.Label, false)
-	return true
 }
 
 // Abandon forgets a running task whose answer the owner gave without the worker (a
@@ -453,7 +462,10 @@ func (s *Scheduler) Abandon(t *Task) bool {
 	if t.state != stateRunning || t.worker == nil {
 		return false
 	}
-	s.takeBack(t.worker, t)
+	w := t.worker
+	if i := w.runningIndex(t); i >= 0 {
+		s.takeBack(w, i, t)
+	}
 	t.state = stateDone
 	return true
 }
@@ -464,13 +476,11 @@ func (s *Scheduler) Abandon(t *Task) bool {
 // bounce between refusing workers for ever.
 func (s *Scheduler) Requeue(workerID string, t *Task) (*Outcome, error) {
 	out := s.reset()
-	w, ok := s.workers[workerID]
-	if !ok {
-		return out, fmt.Errorf("%w: %s", ErrUnknownWorker, workerID)
+	w, i, err := s.runningOn(workerID, t)
+	if err != nil {
+		return out, err
 	}
-	if !s.takeBack(w, t) {
-		return out, fmt.Errorf("%w: %s on %s", ErrUnknownTask, t.ID, workerID)
-	}
+	s.takeBack(w, i, t)
 	if t.Attempt >= s.cfg.MaxAttempts {
 		t.state = stateDone
 		out.Failed = append(out.Failed, Failure{Task: t, Reason: FailAttempts})
@@ -736,10 +746,7 @@ func (s *Scheduler) expectedRun(w *worker, t *Task) time.Duration {
 			break
 		}
 	}
-	if i < 0 {
-		i = w.find(t.Label)
-	}
-	if i < 0 {
+	if i < 0 { // cannot happen for a running task; the invariant check holds it
 		return s.stats(t.Label).run
 	}
 	st := s.statsOf(w.held[i].state)
