@@ -3,6 +3,7 @@ package dispatcher
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -431,6 +432,12 @@ func (h *hub) removeLocked(wc *workerConn) {
 // waits for (the task was requeued, or the id is unknown) are dropped: the producer
 // gets exactly one answer.
 func (h *hub) onResult(wc *workerConn, res *pb.TaskResult) {
+	// Checked and copied before taking the lock: it needs no routing state, and it is
+	// the costliest step here.
+	var result json.RawMessage
+	if res.GetOk() {
+		result = resultJSON(res.GetResult())
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.workers[wc.id] != wc {
@@ -476,7 +483,7 @@ func (h *hub) onResult(wc *workerConn, res *pb.TaskResult) {
 	h.met.result(rec, res, loadTime)
 	switch {
 	case res.GetOk():
-		rec.result = resultJSON(res.GetResult())
+		rec.result = result
 		h.met.completedTask(rec, h.clock.Now().Sub(rec.created))
 		h.finish(rec, statusCompleted, http.StatusOK, "")
 	case res.GetDeadlineExceeded() || (!rec.sched.Deadline.IsZero() && !h.clock.Now().Before(rec.sched.Deadline)):

@@ -127,7 +127,7 @@ func parameters(raw json.RawMessage) ([]byte, error) {
 		if s == "" {
 			return nil, nil
 		}
-		if !json.Valid([]byte(s)) {
+		if !validJSON([]byte(s)) {
 			return nil, badRequest("parameters_json must hold a JSON document")
 		}
 		return []byte(s), nil

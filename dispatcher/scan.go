@@ -2,7 +2,6 @@ package dispatcher
 
 import (
 	"bytes"
-	"encoding/json"
 )
 
 // scanRunTask decodes the form producers send nearly always — one flat object with
@@ -192,7 +191,7 @@ func (s *scanner) params() ([]byte, bool) {
 	if len(b) == 0 {
 		return nil, true
 	}
-	return b, json.Valid(b)
+	return b, validJSON(b)
 }
 
 func (s *scanner) boolean() (bool, bool) {

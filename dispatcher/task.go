@@ -1,6 +1,7 @@
 package dispatcher
 
 import (
+	"bytes"
 	"encoding/json"
 	"net/http"
 	"time"
@@ -100,12 +101,13 @@ func (r *taskRecord) answerStatus() int {
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // resultJSON makes a worker's result embeddable: JSON as is, anything else as a string.
+// It returns a copy: the reader decodes every frame into the same buffers.
 func resultJSON(b []byte) json.RawMessage {
 	if len(b) == 0 {
 		return nil
 	}
-	if json.Valid(b) {
-		return json.RawMessage(b)
+	if validJSON(b) {
+		return bytes.Clone(b)
 	}
 	s, _ := json.Marshal(string(b))
 	return s
