@@ -41,6 +41,8 @@ func Decode(b []byte, maxSize int) (*pb.Envelope, error) {
 }
 
 // DecodeInto is Decode into a caller-owned envelope, so a reader loop can reuse one.
+// A result body is decoded into the one env holds, result bytes included: a caller
+// that keeps those bytes past the next DecodeInto copies them.
 func DecodeInto(b []byte, maxSize int, env *pb.Envelope) error {
 	if maxSize <= 0 {
 		maxSize = DefaultMaxSize
@@ -59,7 +61,7 @@ func DecodeInto(b []byte, maxSize int, env *pb.Envelope) error {
 	if err := checkWire(b, envelopeDesc); err != nil {
 		return fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
-	env.Reset()
+	reset(env)
 	if err := env.UnmarshalVT(b); err != nil {
 		return fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
@@ -68,6 +70,28 @@ func DecodeInto(b []byte, maxSize int, env *pb.Envelope) error {
 	}
 	return nil
 }
+
+// reset empties env for the next frame but keeps a result body's messages and the
+// capacity of its result bytes: nearly every frame a dispatcher reads is a result, and
+// the decoder fills a body of the same kind in place rather than allocate one. The
+// bytes are kept only up to maxKeptResult, as a worker connection holds them while
+// idle.
+func reset(env *pb.Envelope) {
+	body, ok := env.Body.(*pb.Envelope_Result)
+	env.Reset()
+	if !ok || body.Result == nil {
+		return
+	}
+	var kept []byte
+	if cap(body.Result.Result) <= maxKeptResult {
+		kept = body.Result.Result[:0]
+	}
+	body.Result.Reset()
+	body.Result.Result = kept
+	env.Body = body
+}
+
+const maxKeptResult = 1 << 10
 
 // ReadError is a failure to read a frame off its connection, as opposed to a frame
 // that was read and is bad.

@@ -222,3 +222,42 @@ func TestReadInto(t *testing.T) {
 		t.Fatalf("garbage: %v, want a decoding error", err)
 	}
 }
+
+// A reader decodes its results into one message: nothing of a result survives into
+// the next one, and a frame of another kind replaces it.
+func TestDecodeIntoReusesResult(t *testing.T) {
+	t.Parallel()
+	first := &pb.TaskResult{TaskId: "t-1", Attempt: 2, Ok: true, Result: []byte(`{"long":"result"}`), Error: "e",
+		LabelMiss: true, LoadDurationUs: 5, RunDurationUs: 6, EvictedLabel: "old", Refused: true, DeadlineExceeded: true, LoadFailed: true}
+	encode := func(env *pb.Envelope) []byte {
+		t.Helper()
+		b, err := Encode(nil, env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	env := new(pb.Envelope)
+	if err := DecodeInto(encode(&pb.Envelope{Body: &pb.Envelope_Result{Result: first}}), 0, env); err != nil {
+		t.Fatal(err)
+	}
+	res := env.GetResult()
+	if !proto.Equal(res, first) {
+		t.Fatalf("first result decoded as %v", res)
+	}
+	if err := DecodeInto(encode(&pb.Envelope{Body: &pb.Envelope_Result{Result: &pb.TaskResult{TaskId: "t-2", Result: []byte("x")}}}), 0, env); err != nil {
+		t.Fatal(err)
+	}
+	if env.GetResult() != res {
+		t.Error("the second result got a new message; the first one's was to be reused")
+	}
+	if want := (&pb.TaskResult{TaskId: "t-2", Result: []byte("x")}); !proto.Equal(env.GetResult(), want) {
+		t.Errorf("second result decoded as %v, want %v", env.GetResult(), want)
+	}
+	if err := DecodeInto(encode(&pb.Envelope{Body: &pb.Envelope_Status{Status: &pb.WorkerStatus{}}}), 0, env); err != nil {
+		t.Fatal(err)
+	}
+	if env.GetResult() != nil || env.GetStatus() == nil {
+		t.Errorf("a status frame decoded as %v", env)
+	}
+}
