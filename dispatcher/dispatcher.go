@@ -154,11 +154,11 @@ func (d *Dispatcher) runTask(c echo.Context) error {
 	if buf.Cap() <= 64<<10 { // a rare huge body is not kept
 		bodyBuffers.Put(buf)
 	}
-	var perr *parseError
-	if errors.As(err, &perr) {
-		return c.JSON(http.StatusBadRequest, errorBody{perr.err.Error()})
-	}
 	if err != nil {
+		var perr *parseError // not above: errors.As moves it to the heap
+		if errors.As(err, &perr) {
+			return c.JSON(http.StatusBadRequest, errorBody{perr.err.Error()})
+		}
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			return c.JSON(http.StatusRequestEntityTooLarge, errorBody{fmt.Sprintf("body larger than %d bytes", d.cfg.MaxBodyBytes)})
