@@ -96,7 +96,9 @@ type agent struct {
 	available         bool   // the backend's last Health answer
 	unavailableReason string // why not, when !available
 	tasks             map[taskKey]*runningTask
-	idle              chan struct{} // closed when tasks empties; a fresh one when it fills
+	// idle is made by a waitIdle that finds tasks running, and closed and cleared when
+	// tasks empties: no channel per busy spell when nobody waits.
+	idle chan struct{}
 
 	// runq hands attempts to idle runner goroutines (startTask); idleRunners counts
 	// those waiting on it, at most Slots.
@@ -155,8 +157,6 @@ func newAgent(cfg Config) (_ *agent, err error) {
 		}
 	}
 	workCtx, stopWork := context.WithCancelCause(context.Background())
-	closed := make(chan struct{})
-	close(closed)
 	return &agent{
 		cfg:         cfg,
 		base:        base,
@@ -171,7 +171,6 @@ func newAgent(cfg Config) (_ *agent, err error) {
 		stopWork:    stopWork,
 		drainCh:     make(chan struct{}),
 		tasks:       make(map[taskKey]*runningTask),
-		idle:        closed,
 		runq:        make(chan taskJob),
 		available:   true, // until Health says otherwise
 	}, nil
@@ -449,16 +448,17 @@ func (a *agent) readLoop(s *session) {
 	defer s.wg.Done()
 	for {
 		env, err := s.readFrame(a.cfg.MaxFrameSize, a.cfg.ReadTimeout)
-		var pe *protocolError
-		switch {
-		case errors.As(err, &pe):
-			s.log.Warn().Err(err).Msg("bad frame from the dispatcher, closing the connection")
-			s.closeWith(int(pb.CloseCode_CLOSE_CODE_BAD_FRAME), pe.msg, err)
-			return
-		case err != nil:
+		if err != nil {
+			var pe *protocolError // not above: errors.As moves it to the heap
+			if errors.As(err, &pe) {
+				s.log.Warn().Err(err).Msg("bad frame from the dispatcher, closing the connection")
+				s.closeWith(int(pb.CloseCode_CLOSE_CODE_BAD_FRAME), pe.msg, err)
+				return
+			}
 			s.end(err)
 			return
-		case env == nil:
+		}
+		if env == nil {
 			continue
 		}
 		switch body := env.GetBody().(type) {
@@ -529,6 +529,13 @@ func (a *agent) finishOffline() {
 // whether no task runs.
 func (a *agent) waitIdle(timeout time.Duration, abort <-chan struct{}) bool {
 	a.mu.Lock()
+	if len(a.tasks) == 0 {
+		a.mu.Unlock()
+		return true
+	}
+	if a.idle == nil {
+		a.idle = make(chan struct{})
+	}
 	idle := a.idle
 	a.mu.Unlock()
 	t := time.NewTimer(timeout)

@@ -45,7 +45,7 @@ type labelManager struct {
 	entries   map[string]*labelEntry           // loading and loaded labels; len counts against capacity
 	unloading map[string]struct{}              // labels being unloaded; their room is handed over already
 	recency   *simplelru.LRU[string, struct{}] // loaded labels, least recently used first
-	changed   chan struct{}                    // closed and replaced whenever room may have appeared
+	changed   chan struct{}                    // made by a waiter; closed and cleared whenever room may have appeared
 }
 
 // labelEntry is a loading or loaded label. Fields other than done are guarded by
@@ -94,7 +94,6 @@ func newLabelManager(ctx context.Context, b backend.Backend, capacity int, loada
 		entries:   make(map[string]*labelEntry),
 		unloading: make(map[string]struct{}),
 		recency:   recency,
-		changed:   make(chan struct{}),
 	}
 	if len(loadable) > 0 {
 		m.loadable = make(map[string]struct{}, len(loadable))
@@ -253,6 +252,9 @@ func (m *labelManager) pickVictimLocked(hint string) (victim string, ok bool) {
 
 // waitLocked releases mu and waits until room may have appeared or ctx ends.
 func (m *labelManager) waitLocked(ctx context.Context) error {
+	if m.changed == nil {
+		m.changed = make(chan struct{})
+	}
 	ch := m.changed
 	m.mu.Unlock()
 	select {
@@ -263,10 +265,13 @@ func (m *labelManager) waitLocked(ctx context.Context) error {
 	}
 }
 
-// broadcastLocked wakes every waiter.
+// broadcastLocked wakes every waiter. With none, it costs nothing: most tasks end with
+// an unpin that would otherwise make a channel for nobody.
 func (m *labelManager) broadcastLocked() {
-	close(m.changed)
-	m.changed = make(chan struct{})
+	if m.changed != nil {
+		close(m.changed)
+		m.changed = nil
+	}
 }
 
 func (m *labelManager) unpin(label string, e *labelEntry) {

@@ -263,17 +263,21 @@ func (s *session) readFrame(maxSize int, timeout time.Duration) (*pb.Envelope, e
 	}
 	env := new(pb.Envelope)
 	n, err := frame.ReadInto(r, maxSize, env)
-	var re *frame.ReadError
-	switch {
-	case errors.As(err, &re):
-		return nil, asCloseError(re.Err)
-	case errors.Is(err, frame.ErrNoBody):
-		// Fields are only ever added to the protocol: a body this build does not know
-		// comes from a newer dispatcher and is skipped rather than treated as garbage.
-		s.log.Warn().Int("bytes", n).Msg("skipping a frame with no body this worker knows")
-		return nil, nil
-	case err != nil:
-		return nil, &protocolError{msg: err.Error()}
+	if err != nil {
+		// Declared in here: errors.As moves its target to the heap, an allocation
+		// each time the declaration runs.
+		var re *frame.ReadError
+		switch {
+		case errors.As(err, &re):
+			return nil, asCloseError(re.Err)
+		case errors.Is(err, frame.ErrNoBody):
+			// Fields are only ever added to the protocol: a body this build does not know
+			// comes from a newer dispatcher and is skipped rather than treated as garbage.
+			s.log.Warn().Int("bytes", n).Msg("skipping a frame with no body this worker knows")
+			return nil, nil
+		default:
+			return nil, &protocolError{msg: err.Error()}
+		}
 	}
 	if e := s.log.Debug(); e.Enabled() {
 		e.Str("frame", fmt.Sprintf("%T", env.GetBody())).Int("bytes", n).Msg("frame received")

@@ -189,9 +189,6 @@ func (a *agent) assign(s *session, asg *pb.TaskAssignment) {
 		if a.workCtx.Err() != nil { // shutting down: stopTasks may have run already
 			rt.cancel(errShutdown)
 		}
-		if len(a.tasks) == 0 {
-			a.idle = make(chan struct{})
-		}
 		a.tasks[key] = rt
 		s.tasks++
 		a.mu.Unlock()
@@ -248,8 +245,10 @@ func (a *agent) runTask(ctx context.Context, s *session, asg *pb.TaskAssignment,
 	var o outcome
 	lease, info, err := a.labels.acquire(ctx, asg.GetLabel(), asg.GetEvictLabel(), taskRef{id: key.id, attempt: key.attempt})
 	o.label = info
-	var le *loadError
-	o.loadFailed = errors.As(err, &le)
+	if err != nil {
+		var le *loadError // not above: errors.As moves it to the heap
+		o.loadFailed = errors.As(err, &le)
+	}
 	if err == nil {
 		start := time.Now()
 		o.result, err = a.backend.Run(ctx, backend.Task{
@@ -299,10 +298,19 @@ func (a *agent) taskDone(key taskKey) {
 			rt.s.tasks--
 		}
 		delete(a.tasks, key)
-		if len(a.tasks) == 0 {
+		if len(a.tasks) == 0 && a.idle != nil {
 			close(a.idle)
+			a.idle = nil
 		}
 	}
+}
+
+// resultFrame is a result's envelope, oneof wrapper and message in one allocation
+// rather than three: one is built per task.
+type resultFrame struct {
+	env  pb.Envelope
+	body pb.Envelope_Result
+	res  pb.TaskResult
 }
 
 // finish sends an attempt's result (unless discarded or the session is gone) and logs
@@ -311,7 +319,9 @@ func (a *agent) taskDone(key taskKey) {
 // started (label_miss false), or room; zero on a plain hit.
 func (a *agent) finish(s *session, asg *pb.TaskAssignment, received time.Time, o outcome) {
 	total := time.Since(received)
-	res := &pb.TaskResult{
+	f := new(resultFrame)
+	res := &f.res
+	*res = pb.TaskResult{
 		TaskId:           asg.GetTaskId(),
 		Attempt:          asg.GetAttempt(),
 		Ok:               o.err == nil,
@@ -328,7 +338,9 @@ func (a *agent) finish(s *session, asg *pb.TaskAssignment, received time.Time, o
 	} else {
 		res.Result = o.result
 	}
-	delivered := !o.discard && s.send(&pb.Envelope{Body: &pb.Envelope_Result{Result: res}})
+	f.body.Result = res
+	f.env.Body = &f.body
+	delivered := !o.discard && s.send(&f.env)
 	a.metrics.taskEnded(o.metricResult(delivered))
 
 	// A result that never reaches the dispatcher gets its own event: the dispatcher
