@@ -33,3 +33,13 @@ func FuzzResultEncoding(f *testing.F) {
 		}
 	})
 }
+
+// Every task a simulated fleet runs is encoded here (the throughput benchmark's echo).
+func BenchmarkResultEncoding(b *testing.B) {
+	task := backend.Task{ID: "wrk-1-12345", Type: "sample_task", Label: "label-3", Params: []byte(`{"data": "sample"}`)}
+	buf := make([]byte, 0, 256)
+	b.ReportAllocs()
+	for b.Loop() {
+		buf = appendResult(buf[:0], task, "tp-1")
+	}
+}

@@ -154,31 +154,51 @@ func appendResult(b []byte, task backend.Task, workerID string) []byte {
 	b = append(b, `,"worker_id":`...)
 	b = appendString(b, workerID)
 	b = append(b, `,"parameters_json":`...)
-	b = appendString(b, string(task.Params))
+	b = appendString(b, task.Params)
 	return append(b, '}')
 }
 
-// appendString appends s as a JSON string: printable ASCII takes the quick way, with
-// only quotes and backslashes escaped; anything else is encoding/json's.
-func appendString(b []byte, s string) []byte {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 || c > 0x7e || c == '<' || c == '>' || c == '&' {
-			q, _ := json.Marshal(s)
-			return append(b, q...)
-		}
-	}
+// appendString appends s as a JSON string, in one pass: printable ASCII takes the
+// quick way, with only quotes and backslashes escaped; a string with anything else
+// is encoding/json's.
+func appendString[S string | []byte](b []byte, s S) []byte {
+	mark := len(b)
 	b = append(b, '"')
 	start := 0 // copied in runs between escapes, not byte by byte
 	for i := 0; i < len(s); i++ {
-		if c := s[i]; c == '"' || c == '\\' {
+		switch c := s[i]; stringBytes[c] {
+		case plainByte:
+		case escapedByte:
 			b = append(b, s[start:i]...)
 			b = append(b, '\\', c)
 			start = i + 1
+		default:
+			q, _ := json.Marshal(string(s))
+			return append(b[:mark], q...)
 		}
 	}
 	b = append(b, s[start:]...)
 	return append(b, '"')
 }
+
+// How appendString treats each byte.
+const (
+	plainByte   = iota // copied as is
+	escapedByte        // after a backslash
+	slowByte           // control, non-ASCII or HTML-escaped: the string is encoding/json's
+)
+
+var stringBytes = func() (t [256]uint8) {
+	for c := range t {
+		switch {
+		case c == '"' || c == '\\':
+			t[c] = escapedByte
+		case c < 0x20 || c > 0x7e || c == '<' || c == '>' || c == '&':
+			t[c] = slowByte
+		}
+	}
+	return t
+}()
 
 // Loaded reports whether label is loaded now.
 func (b *Backend) Loaded(label string) bool {
