@@ -3,7 +3,8 @@
 # in one run with the same wrk and post.lua, alternating ROUNDS times so that noise on a
 # shared machine hits both alike. Agents use the simulated backend with zero load and
 # run time and log only warnings, like the relay's in-process workers. Environment:
-# WORKERS (8), SLOTS per agent (1), AGENT_PROCS (1: all agents in one process).
+# WORKERS (8), SLOTS per agent (1), AGENT_PROCS (1: all agents in one process),
+# SERVER_GOMAXPROCS (unset: Go's default) for the dispatcher and the relay alike.
 #   benchmark/scripts/throughput.sh [ROUNDS] [DURATION] [CONNECTIONS]
 # Besides req/s and latency, each row has the CPU time per request (µs, from /proc) of
 # our dispatcher and agents and of the whole relay: on a shared machine it is the
@@ -24,7 +25,8 @@ LUA="$RELAY_DIR/post.lua"
 # idempotency producers rely on). With the default 10 minutes, later rounds measured
 # that cache, not routing. A 1s retention still pays for keeping every answer, and no
 # round reuses an id from an earlier one.
-"$BIN/dispatcher" --addr 127.0.0.1:18080 --log-level warn --data-dir "$BIN/data" --task-retention 1s >"$BIN/dispatcher.log" 2>&1 &
+server_env=(); [ -n "${SERVER_GOMAXPROCS:-}" ] && server_env=(GOMAXPROCS="$SERVER_GOMAXPROCS")
+env "${server_env[@]}" "$BIN/dispatcher" --addr 127.0.0.1:18080 --log-level warn --data-dir "$BIN/data" --task-retention 1s >"$BIN/dispatcher.log" 2>&1 &
 OURS_PIDS=$!
 # Agents run in one process (--agents), as the relay's workers run inside the relay;
 # AGENT_PROCS=$WORKERS runs one process per agent instead. Each agent process gets
@@ -37,7 +39,7 @@ for p in $(seq 1 "$AGENT_PROCS"); do
     --slots "${SLOTS:-1}" --max-labels 5 --sim-load-time 0 --sim-run-time 0 --log-level warn >"$BIN/agent-$p.log" 2>&1 &
   OURS_PIDS="$OURS_PIDS $!"
 done
-"$BIN/relay-limit" -addr 127.0.0.1:18099 -workers "$WORKERS" >"$BIN/relay.log" 2>&1 &
+env "${server_env[@]}" "$BIN/relay-limit" -addr 127.0.0.1:18099 -workers "$WORKERS" >"$BIN/relay.log" 2>&1 &
 RELAY_PIDS=$!
 # Readiness: our /workers lists every agent, and the relay says its workers are in.
 # (Never probe the relay with a request before that: a request that finds no relay
