@@ -484,8 +484,8 @@ func (h *hub) onResult(wc *workerConn, res *pb.TaskResult) {
 	switch {
 	case res.GetOk():
 		rec.result = result
-		h.met.completedTask(rec, h.clock.Now().Sub(rec.created))
 		h.finish(rec, statusCompleted, http.StatusOK, "")
+		h.met.completedTask(rec, rec.finishedAt.Sub(rec.created)) // finish read the clock
 	case res.GetDeadlineExceeded() || (!rec.sched.Deadline.IsZero() && !h.clock.Now().Before(rec.sched.Deadline)):
 		h.met.failedTask(rec, failDeadline)
 		h.finish(rec, statusFailed, http.StatusGatewayTimeout, "deadline exceeded while running: "+res.GetError())
