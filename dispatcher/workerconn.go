@@ -328,7 +328,8 @@ func (d *Dispatcher) readLoop(wc *workerConn) *Disconnect {
 		if kind != websocket.BinaryMessage {
 			return &Disconnect{Code: pb.CloseCode_CLOSE_CODE_BAD_FRAME, Reason: "frames must be binary protobuf envelopes"}
 		}
-		env.Reset()
+		// No env.Reset here: ReadInto resets env itself but keeps a result's message
+		// and bytes for the next result to be decoded into.
 		if _, err := frame.ReadInto(r, int(d.cfg.MaxFrameBytes), env); err != nil {
 			var re *frame.ReadError
 			if errors.As(err, &re) {
