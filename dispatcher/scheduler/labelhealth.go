@@ -35,8 +35,7 @@ func (s *Scheduler) LoadFailed(workerID string, t *Task, loadError string) (*Out
 			s.refreshFree(w)
 		}
 	}
-	now := s.clock.Now()
-	if s.recordLoadFailure(t.Label, loadError, now) {
+	if s.recordLoadFailure(t.Label, loadError, s.now) {
 		t.state = stateDone
 		out.Failed = append(out.Failed, Failure{Task: t, Reason: FailLabelFailing, LoadError: loadError})
 		if ls := s.labels[t.Label]; ls != nil {
@@ -115,9 +114,8 @@ func (s *Scheduler) pruneFailing() {
 	if len(s.failing) == 0 {
 		return
 	}
-	now := s.clock.Now()
 	for label, lf := range s.failing {
-		if now.Sub(lf.last) >= s.cfg.LabelFailureCooldown+s.cfg.LabelFailureWindow {
+		if s.now.Sub(lf.last) >= s.cfg.LabelFailureCooldown+s.cfg.LabelFailureWindow {
 			delete(s.failing, label)
 		}
 	}

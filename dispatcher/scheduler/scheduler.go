@@ -199,6 +199,10 @@ type Scheduler struct {
 	deadline deadlineHeap
 
 	out Outcome
+	// now is the clock reading of the call in progress, taken once by reset: every
+	// decision in one call sees the same instant, and a task's path through the
+	// scheduler reads the clock twice (Submit, Complete) rather than at every step.
+	now time.Time
 
 	// failing tracks labels whose loads failed recently (see labelhealth.go).
 	failing map[string]*labelFailures
@@ -232,7 +236,9 @@ func New(cfg Config, clock Clock) (*Scheduler, error) {
 // Config returns the effective configuration.
 func (s *Scheduler) Config() Config { return s.cfg }
 
+// reset starts a mutating call: it empties the outcome and reads the clock.
 func (s *Scheduler) reset() *Outcome {
+	s.now = s.clock.Now()
 	s.out.Assigned = s.out.Assigned[:0]
 	s.out.Failed = s.out.Failed[:0]
 	return &s.out
@@ -367,7 +373,7 @@ func (s *Scheduler) Submit(t *Task) (*Outcome, error) {
 	}
 	t.seq = s.nextSeq
 	s.nextSeq++
-	t.Enqueued = s.clock.Now()
+	t.Enqueued = s.now
 	if lf := s.failingNow(t.Label, t.Enqueued); lf != nil {
 		t.state = stateDone
 		out.Failed = append(out.Failed, Failure{Task: t, Reason: FailLabelFailing, LoadError: lf.lastError})
@@ -501,8 +507,7 @@ func (s *Scheduler) Requeue(workerID string, t *Task) (*Outcome, error) {
 // Expire fails every queued task whose deadline has passed.
 func (s *Scheduler) Expire() *Outcome {
 	out := s.reset()
-	now := s.clock.Now()
-	for len(s.deadline) > 0 && !s.deadline[0].Deadline.After(now) {
+	for len(s.deadline) > 0 && !s.deadline[0].Deadline.After(s.now) {
 		t := s.deadline[0]
 		s.unqueue(t)
 		t.state = stateDone
@@ -689,7 +694,6 @@ const holderSample = 8
 // left of the task it runs, including a load still in progress), plus the queue ahead
 // shared among the holders at the run time each has shown for this label.
 func (s *Scheduler) expectedWait(label string, ls *labelState, ahead int, st estimate) time.Duration {
-	now := s.clock.Now()
 	soonest := time.Duration(-1)
 	var runSum time.Duration
 	n := 0
@@ -705,7 +709,7 @@ func (s *Scheduler) expectedWait(label string, ls *labelState, ahead int, st est
 			run = h.runEst
 		}
 		runSum += run
-		free := s.remaining(w, now)
+		free := s.remaining(w, s.now)
 		if soonest < 0 || free < soonest {
 			soonest = free
 		}
@@ -763,7 +767,7 @@ func (s *Scheduler) expectedRun(w *worker, t *Task) time.Duration {
 // passedOverTooLong reports whether a queued task has waited past its pass-over bound.
 func (s *Scheduler) passedOverTooLong(t *Task) bool {
 	bound := max(s.cfg.MaxPassOver, time.Duration(s.cfg.PassOverLoads*float64(s.stats(t.Label).load)))
-	return s.clock.Now().Sub(t.Enqueued) >= bound
+	return s.now.Sub(t.Enqueued) >= bound
 }
 
 // overdue reports whether a queued task has already waited longer than a load and a
@@ -771,7 +775,7 @@ func (s *Scheduler) passedOverTooLong(t *Task) bool {
 // holder), so a free worker should load its label rather than keep it waiting.
 func (s *Scheduler) overdue(t *Task) bool {
 	st := s.stats(t.Label)
-	return s.clock.Now().Sub(t.Enqueued) > st.load+st.run
+	return s.now.Sub(t.Enqueued) > st.load+st.run
 }
 
 // canTake reports whether w, which has a free slot, can start t now: it holds the
@@ -797,7 +801,6 @@ func (s *Scheduler) loadTarget(t *Task) *worker {
 	}
 	var best *worker
 	var bestCost evictionCost
-	now := s.clock.Now()
 	for i, n := s.free.len()-1, 0; i >= 0 && n < placeTries; i, n = i-1, n+1 {
 		w := s.free.at(i)
 		if t.excludes(w.id) {
@@ -815,7 +818,7 @@ func (s *Scheduler) loadTarget(t *Task) *worker {
 		if len(w.held) < w.capacity {
 			return w
 		}
-		v, c := s.victim(w, now)
+		v, c := s.victim(w, s.now)
 		if v >= 0 && (best == nil || c.less(bestCost)) {
 			best, bestCost = w, c
 		}
@@ -857,7 +860,7 @@ func (s *Scheduler) assign(w *worker, t *Task) {
 	t.state = stateRunning
 	t.worker = w
 	t.Attempt++
-	t.Started = s.clock.Now()
+	t.Started = s.now
 	w.running = append(w.running, t)
 	i := w.find(t.Label)
 	t.labelState = w.held[i].state
@@ -1027,7 +1030,7 @@ func (s *Scheduler) addHeld(w *worker, label string, pending bool) {
 	} else {
 		h = new(heldLabel)
 	}
-	*h = heldLabel{label: label, lastUse: s.useTick, pending: pending, idlePos: -1, allPos: -1, state: ls, loadedAt: s.clock.Now()}
+	*h = heldLabel{label: label, lastUse: s.useTick, pending: pending, idlePos: -1, allPos: -1, state: ls, loadedAt: s.now}
 	w.held = append(w.held, h)
 	ls.holders++
 	ls.all.add(&h.allPos, w)
@@ -1125,7 +1128,7 @@ func (s *Scheduler) victim(w *worker, now time.Time) (int, evictionCost) {
 
 // lruVictim is victim without the cost, for callers that only need the index.
 func (s *Scheduler) lruVictim(w *worker) int {
-	v, _ := s.victim(w, s.clock.Now())
+	v, _ := s.victim(w, s.now)
 	return v
 }
 

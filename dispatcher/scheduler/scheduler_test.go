@@ -521,3 +521,68 @@ func TestWaitEstimateUsesHolderRunTimeAndRemaining(t *testing.T) {
 		t.Fatalf("near the end of the holder's task: assigned to %s, want it to wait", a.WorkerID)
 	}
 }
+
+// tickingClock moves on a millisecond at every reading, so a call that read the clock
+// more than once would show it.
+type tickingClock struct {
+	now   time.Time
+	reads int
+}
+
+func (c *tickingClock) Now() time.Time {
+	c.reads++
+	c.now = c.now.Add(time.Millisecond)
+	return c.now
+}
+
+// TestOneClockReadingPerCall: a scheduler call reads the clock once, and every step in
+// it (enqueue, the load-or-wait estimate, eviction, start) sees that instant.
+func TestOneClockReadingPerCall(t *testing.T) {
+	clock := &tickingClock{now: time.Unix(1_700_000_000, 0)}
+	s, err := New(Config{}, clock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	once := func(what string, call func()) {
+		t.Helper()
+		before := clock.reads
+		call()
+		if n := clock.reads - before; n != 1 {
+			t.Fatalf("%s read the clock %d times, want 1", what, n)
+		}
+	}
+	submit := func(tk *Task) *Outcome {
+		t.Helper()
+		var out *Outcome
+		once("Submit "+tk.ID, func() {
+			var err error
+			if out, err = s.Submit(tk); err != nil {
+				t.Fatal(err)
+			}
+		})
+		return out
+	}
+	once("AddWorker", func() { s.AddWorker(WorkerSpec{ID: "w1", MaxLabels: 1, Slots: 1, Labels: []string{"a"}}) })
+	once("AddWorker", func() { s.AddWorker(WorkerSpec{ID: "w2", MaxLabels: 1, Slots: 1, Labels: []string{"b"}}) })
+	t1 := &Task{ID: "t1", Label: "a"}
+	submit(t1)
+	if t1.WorkerID() != "w1" || !t1.Started.Equal(t1.Enqueued) {
+		t.Fatalf("t1 on %q started %v, enqueued %v: want w1 at the same instant", t1.WorkerID(), t1.Started, t1.Enqueued)
+	}
+	// w1 is busy: t2 weighs waiting for it against loading a on w2, evicting b.
+	t2 := &Task{ID: "t2", Label: "a"}
+	submit(t2)
+	t3 := &Task{ID: "t3", Label: "c"}
+	submit(t3)
+	for _, tk := range []*Task{t1, t2, t3} {
+		if tk.Running() {
+			once("Complete "+tk.ID, func() {
+				if _, err := s.Complete(tk.WorkerID(), tk, Observation{RunTime: time.Millisecond}); err != nil {
+					t.Fatal(err)
+				}
+			})
+		}
+	}
+	once("Expire", func() { s.Expire() })
+	once("Rebalance", func() { s.Rebalance() })
+}
