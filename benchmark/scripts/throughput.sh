@@ -8,7 +8,10 @@
 #   benchmark/scripts/throughput.sh [ROUNDS] [DURATION] [CONNECTIONS]
 # Besides req/s and latency, each row has the CPU time per request (µs, from /proc) of
 # our dispatcher and agents and of the whole relay: on a shared machine it is the
-# steadier measure of what each costs. Needs wrk (apt-get install wrk).
+# steadier measure of what each costs. disp_cpu is the dispatcher's share alone: in a
+# deployment the agents run on their own machines, so it is what the dispatcher's host
+# pays per task (the relay's figure still includes its in-process workers).
+# Needs wrk (apt-get install wrk).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROUNDS=${1:-3}; DURATION=${2:-10s}; CONNS=${3:-64}; WORKERS=${WORKERS:-8}
@@ -28,6 +31,7 @@ LUA="$RELAY_DIR/post.lua"
 server_env=(); [ -n "${SERVER_GOMAXPROCS:-}" ] && server_env=(GOMAXPROCS="$SERVER_GOMAXPROCS")
 env "${server_env[@]}" "$BIN/dispatcher" --addr 127.0.0.1:18080 --log-level warn --data-dir "$BIN/data" --task-retention 1s >"$BIN/dispatcher.log" 2>&1 &
 OURS_PIDS=$!
+DISP_PID=$!
 # Agents run in one process (--agents), as the relay's workers run inside the relay;
 # AGENT_PROCS=$WORKERS runs one process per agent instead. Each agent process gets
 # GOMAXPROCS=1, as in the Helm chart, whose agent container is limited to one CPU
@@ -57,37 +61,41 @@ fi
 # request is steadier than req/s on a shared machine, where other load takes cycles.
 ticks() { local t=0; for p in $1; do t=$(( t + $(awk '{print $14+$15}' "/proc/$p/stat") )); done; echo "$t"; }
 HZ=$(getconf CLK_TCK)
-# rate URL PIDS prints: req/s p50 p99 non-2xx cpu-µs-per-request
+# rate URL PIDS [PID] prints: req/s p50 p99 non-2xx cpu-µs-per-request of PIDS, and of
+# PID alone (0 without one)
 rate() {
-  local t0 t1 out
-  t0=$(ticks "$2")
+  local t0 t1 s0=0 s1=0 out
+  t0=$(ticks "$2"); [ -n "${3:-}" ] && s0=$(ticks "$3")
   out=$(wrk -t2 -c"$CONNS" -d"$DURATION" --latency -s "$LUA" "$1" | tee -a "$BIN/wrk.txt")
-  t1=$(ticks "$2")
-  echo "$out" | awk -v dt=$(( t1 - t0 )) -v hz="$HZ" '/requests in/{n=$1} /Requests\/sec/{r=$2} /^ +50%/{p50=$2} /^ +99%/{p99=$2} /Non-2xx/{bad=$4}
-    END{printf "%s %s %s %s %.1f\n", r, p50, p99, bad+0, dt*1e6/hz/n}'
+  t1=$(ticks "$2"); [ -n "${3:-}" ] && s1=$(ticks "$3")
+  echo "$out" | awk -v dt=$(( t1 - t0 )) -v ds=$(( s1 - s0 )) -v hz="$HZ" '/requests in/{n=$1} /Requests\/sec/{r=$2} /^ +50%/{p50=$2} /^ +99%/{p99=$2} /Non-2xx/{bad=$4}
+    END{printf "%s %s %s %s %.1f %.1f\n", r, p50, p99, bad+0, dt*1e6/hz/n, ds*1e6/hz/n}'
 }
 # Warm both up so that the first round is not paying for page faults and JIT-free cold caches.
 wrk -t2 -c"$CONNS" -d2s -s "$LUA" http://127.0.0.1:18080/run-task >/dev/null
 wrk -t2 -c"$CONNS" -d2s -s "$LUA" http://127.0.0.1:18099/run-task >/dev/null
-printf '%-6s %-10s %-9s %-9s %-8s %-9s %-10s %-9s %-9s %-9s %-7s %s\n' round ours_rps ours_p50 ours_p99 ours_err ours_cpu relay_rps relay_p50 relay_p99 relay_cpu ratio cpu_ratio
-sum_ratio=0; sum_cpu=0; ratios=
+row='%-6s %-10s %-9s %-9s %-8s %-9s %-9s %-10s %-9s %-9s %-9s %-7s %-9s %s\n'
+printf "$row" round ours_rps ours_p50 ours_p99 ours_err ours_cpu disp_cpu relay_rps relay_p50 relay_p99 relay_cpu ratio cpu_ratio disp_cpu_ratio
+sum_ratio=0; sum_cpu=0; sum_disp=0; ratios=
 for r in $(seq 1 "$ROUNDS"); do
   # Who goes first alternates, so that a machine slowing down or speeding up over the
   # run does not favour one side.
   if (( r % 2 )); then
-    read -r o50 o_p50 o_p99 o_err o_cpu < <(rate http://127.0.0.1:18080/run-task "$OURS_PIDS")
-    read -r r50 r_p50 r_p99 r_err r_cpu < <(rate http://127.0.0.1:18099/run-task "$RELAY_PIDS")
+    read -r o50 o_p50 o_p99 o_err o_cpu d_cpu < <(rate http://127.0.0.1:18080/run-task "$OURS_PIDS" "$DISP_PID")
+    read -r r50 r_p50 r_p99 r_err r_cpu _ < <(rate http://127.0.0.1:18099/run-task "$RELAY_PIDS")
   else
-    read -r r50 r_p50 r_p99 r_err r_cpu < <(rate http://127.0.0.1:18099/run-task "$RELAY_PIDS")
-    read -r o50 o_p50 o_p99 o_err o_cpu < <(rate http://127.0.0.1:18080/run-task "$OURS_PIDS")
+    read -r r50 r_p50 r_p99 r_err r_cpu _ < <(rate http://127.0.0.1:18099/run-task "$RELAY_PIDS")
+    read -r o50 o_p50 o_p99 o_err o_cpu d_cpu < <(rate http://127.0.0.1:18080/run-task "$OURS_PIDS" "$DISP_PID")
   fi
   ratio=$(awk -v a="$o50" -v b="$r50" 'BEGIN{printf "%.3f", a/b}')
   cpu_ratio=$(awk -v a="$r_cpu" -v b="$o_cpu" 'BEGIN{printf "%.3f", a/b}')
+  disp_ratio=$(awk -v a="$r_cpu" -v b="$d_cpu" 'BEGIN{printf "%.3f", a/b}')
   ratios="$ratios $ratio"
   sum_ratio=$(awk -v s="$sum_ratio" -v x="$ratio" 'BEGIN{print s+x}')
   sum_cpu=$(awk -v s="$sum_cpu" -v x="$cpu_ratio" 'BEGIN{print s+x}')
-  printf '%-6s %-10s %-9s %-9s %-8s %-9s %-10s %-9s %-9s %-9s %-7s %s\n' "$r" "$o50" "$o_p50" "$o_p99" "$o_err" "$o_cpu" "$r50" "$r_p50" "$r_p99" "$r_cpu" "$ratio" "$cpu_ratio"
+  sum_disp=$(awk -v s="$sum_disp" -v x="$disp_ratio" 'BEGIN{print s+x}')
+  printf "$row" "$r" "$o50" "$o_p50" "$o_p99" "$o_err" "$o_cpu" "$d_cpu" "$r50" "$r_p50" "$r_p99" "$r_cpu" "$ratio" "$cpu_ratio" "$disp_ratio"
 done
-awk -v s="$sum_ratio" -v c="$sum_cpu" -v n="$ROUNDS" 'BEGIN{printf "mean ratio ours/relay: %.3f req/s, %.3f CPU per request (relay/ours) over %d rounds\n", s/n, c/n, n}'
+awk -v s="$sum_ratio" -v c="$sum_cpu" -v d="$sum_disp" -v n="$ROUNDS" 'BEGIN{printf "mean ratio ours/relay: %.3f req/s, %.3f CPU per request (relay/ours), %.3f (relay/dispatcher alone) over %d rounds\n", s/n, c/n, d/n, n}'
 # The median and range of the req/s ratio: one round can be far off on a shared machine.
 echo "$ratios" | tr ' ' '\n' | grep . | sort -n | awk '{v[NR]=$1} END{m=(NR%2)?v[(NR+1)/2]:(v[NR/2]+v[NR/2+1])/2; printf "median req/s ratio %.3f (min %.3f, max %.3f)\n", m, v[1], v[NR]}'
