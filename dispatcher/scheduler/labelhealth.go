@@ -35,7 +35,7 @@ func (s *Scheduler) LoadFailed(workerID string, t *Task, loadError string) (*Out
 			s.refreshFree(w)
 		}
 	}
-	if s.recordLoadFailure(t.Label, loadError, s.now) {
+	if s.recordLoadFailure(t.Label, loadError) {
 		t.state = stateDone
 		out.Failed = append(out.Failed, Failure{Task: t, Reason: FailLabelFailing, LoadError: loadError})
 		if ls := s.labels[t.Label]; ls != nil {
@@ -64,7 +64,8 @@ func (s *Scheduler) LoadFailed(workerID string, t *Task, loadError string) (*Out
 }
 
 // recordLoadFailure counts a failure and reports whether it marks the label failing.
-func (s *Scheduler) recordLoadFailure(label, loadError string, now time.Time) bool {
+func (s *Scheduler) recordLoadFailure(label, loadError string) bool {
+	now := s.now
 	lf := s.failing[label]
 	if lf == nil {
 		lf = &labelFailures{}

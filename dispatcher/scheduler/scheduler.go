@@ -709,7 +709,7 @@ func (s *Scheduler) expectedWait(label string, ls *labelState, ahead int, st est
 			run = h.runEst
 		}
 		runSum += run
-		free := s.remaining(w, s.now)
+		free := s.remaining(w)
 		if soonest < 0 || free < soonest {
 			soonest = free
 		}
@@ -723,13 +723,13 @@ func (s *Scheduler) expectedWait(label string, ls *labelState, ahead int, st est
 
 // remaining is how long until w is expected to have a free slot: zero when it has one,
 // else the least time left among its running tasks by their labels' estimates.
-func (s *Scheduler) remaining(w *worker, now time.Time) time.Duration {
+func (s *Scheduler) remaining(w *worker) time.Duration {
 	if len(w.running) < w.slots {
 		return 0
 	}
 	left := time.Duration(-1)
 	for _, t := range w.running {
-		if d := max(s.expectedRun(w, t)-now.Sub(t.Started), 0); left < 0 || d < left {
+		if d := max(s.expectedRun(w, t)-s.now.Sub(t.Started), 0); left < 0 || d < left {
 			left = d
 		}
 	}
@@ -818,7 +818,7 @@ func (s *Scheduler) loadTarget(t *Task) *worker {
 		if len(w.held) < w.capacity {
 			return w
 		}
-		v, c := s.victim(w, s.now)
+		v, c := s.victim(w)
 		if v >= 0 && (best == nil || c.less(bestCost)) {
 			best, bestCost = w, c
 		}
@@ -1099,13 +1099,13 @@ func (a evictionCost) less(b evictionCost) bool {
 	return a.lastUse < b.lastUse
 }
 
-func (s *Scheduler) costOf(h *heldLabel, now time.Time) evictionCost {
+func (s *Scheduler) costOf(h *heldLabel) evictionCost {
 	if s.cfg.Policy == PolicyRandom { // the baseline evicts plain LRU
 		return evictionCost{lastUse: h.lastUse}
 	}
 	return evictionCost{
 		queued:  h.state.queued > 0,
-		fresh:   now.Before(h.loadedAt.Add(2 * s.statsOf(h.state).load)),
+		fresh:   s.now.Before(h.loadedAt.Add(2 * s.statsOf(h.state).load)),
 		sole:    h.state.holders == 1,
 		lastUse: h.lastUse,
 	}
@@ -1113,13 +1113,13 @@ func (s *Scheduler) costOf(h *heldLabel, now time.Time) evictionCost {
 
 // victim is the index of the label w should evict (none with a running task), with its
 // cost, or -1.
-func (s *Scheduler) victim(w *worker, now time.Time) (int, evictionCost) {
+func (s *Scheduler) victim(w *worker) (int, evictionCost) {
 	v, best := -1, evictionCost{}
 	for i, h := range w.held {
 		if h.inUse > 0 {
 			continue
 		}
-		if c := s.costOf(h, now); v < 0 || c.less(best) {
+		if c := s.costOf(h); v < 0 || c.less(best) {
 			v, best = i, c
 		}
 	}
@@ -1128,7 +1128,7 @@ func (s *Scheduler) victim(w *worker, now time.Time) (int, evictionCost) {
 
 // lruVictim is victim without the cost, for callers that only need the index.
 func (s *Scheduler) lruVictim(w *worker) int {
-	v, _ := s.victim(w, s.now)
+	v, _ := s.victim(w)
 	return v
 }
 
