@@ -11,6 +11,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	_ "net/http/pprof"
@@ -70,9 +71,13 @@ func run() error {
 	failCooldown := fs.Duration("label-failure-cooldown", 30*time.Second, "how long a failing label's tasks fail at once (503) before a load is tried again")
 	dataDir := fs.String("data-dir", "./data", "directory of the journal of asynchronous tasks (empty: no journal, a crash loses them)")
 	retention := fs.Duration("task-retention", 10*time.Minute, "how long a finished task answers GET /tasks/{id} and resubmissions of its id")
+	gcTarget := fs.Int("gc-percent", defaultGCPercent, "garbage-collector target as in GOGC (-1: off); GOGC in the environment wins over the default")
+	memRatio := fs.Float64("memory-limit-ratio", 0.9, "share of the container's memory limit (cgroup) set as the Go runtime's soft limit (0: none); GOMEMLIMIT in the environment wins")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return err
 	}
+	_, gcFromEnv := os.LookupEnv("GC_PERCENT")
+	gcGiven := gcFromEnv || given(fs, "gc-percent")
 	if err := fromEnv(fs); err != nil {
 		return err
 	}
@@ -81,6 +86,18 @@ func run() error {
 		return fmt.Errorf("--log-level: %w", err)
 	}
 	log := zerolog.New(os.Stdout).Level(level).With().Timestamp().Logger()
+	gc, err := setupGC(*gcTarget, gcGiven, *memRatio)
+	if err != nil {
+		return err
+	}
+	if gc.memLimitErr != nil {
+		log.Warn().Err(gc.memLimitErr).Msg("could not read the container's memory limit; running without a Go memory limit")
+	}
+	ev := log.Info().Int("gc_percent", gc.percent).Str("gc_percent_from", gc.source)
+	if gc.memLimit != math.MaxInt64 {
+		ev = ev.Int64("memory_limit_bytes", gc.memLimit)
+	}
+	ev.Msg("garbage collector")
 
 	d, err := dispatcher.New(dispatcher.Config{
 		Addr:           *addr,
@@ -163,6 +180,13 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// given reports whether the flag was set on the command line.
+func given(fs *flag.FlagSet, name string) bool {
+	found := false
+	fs.Visit(func(f *flag.Flag) { found = found || f.Name == name })
+	return found
 }
 
 // fromEnv sets every flag not given on the command line from its environment variable.
