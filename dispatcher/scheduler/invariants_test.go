@@ -74,6 +74,9 @@ func check(t *testing.T, s *Scheduler) {
 		if q.state != stateQueued {
 			t.Fatalf("queued task %s state %d", q.ID, q.state)
 		}
+		if q.labelState != s.labels[q.Label] {
+			t.Fatalf("queued task %s: its labelState is not its label's", q.ID)
+		}
 	}
 	if n != s.queued {
 		t.Fatalf("queued %d, list %d", s.queued, n)

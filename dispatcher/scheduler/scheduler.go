@@ -681,7 +681,7 @@ func (s *Scheduler) rngStart(n int) int {
 // an eviction that may need reloading later), and it keeps a burst of first requests
 // waiting for the load already under way instead of starting loads elsewhere.
 func (s *Scheduler) loadBeatsWait(label string, ls *labelState, ahead int) bool {
-	st := s.stats(label)
+	st := s.statsOf(ls)
 	return st.load+st.load/2+st.run < s.expectedWait(label, ls, ahead, st)
 }
 
@@ -766,7 +766,7 @@ func (s *Scheduler) expectedRun(w *worker, t *Task) time.Duration {
 
 // passedOverTooLong reports whether a queued task has waited past its pass-over bound.
 func (s *Scheduler) passedOverTooLong(t *Task) bool {
-	bound := max(s.cfg.MaxPassOver, time.Duration(s.cfg.PassOverLoads*float64(s.stats(t.Label).load)))
+	bound := max(s.cfg.MaxPassOver, time.Duration(s.cfg.PassOverLoads*float64(s.statsOf(t.labelState).load)))
 	return s.now.Sub(t.Enqueued) >= bound
 }
 
@@ -774,7 +774,7 @@ func (s *Scheduler) passedOverTooLong(t *Task) bool {
 // run would have taken: the estimate that made it wait was wrong (a long task on the
 // holder), so a free worker should load its label rather than keep it waiting.
 func (s *Scheduler) overdue(t *Task) bool {
-	st := s.stats(t.Label)
+	st := s.statsOf(t.labelState)
 	return s.now.Sub(t.Enqueued) > st.load+st.run
 }
 
@@ -949,7 +949,7 @@ func (s *Scheduler) pick(w *worker) *Task {
 	// nobody can serve it, loading beats the expected wait, or it has waited too long.
 	n := 0
 	for t := head; t != nil && n < passOverScan; t, n = t.global.next, n+1 {
-		ls := s.labels[t.Label]
+		ls := t.labelState
 		if firstFor(&ls.queue, w) != t || !s.canTake(w, t) {
 			continue
 		}
@@ -965,6 +965,7 @@ func (s *Scheduler) pick(w *worker) *Task {
 func (s *Scheduler) enqueue(t *Task, front bool) {
 	ls := s.label(t.Label)
 	t.state = stateQueued
+	t.labelState = ls
 	if front {
 		s.queue.pushFront(t)
 		ls.queue.pushFront(t)
@@ -981,7 +982,7 @@ func (s *Scheduler) enqueue(t *Task, front bool) {
 }
 
 func (s *Scheduler) unqueue(t *Task) {
-	ls := s.labels[t.Label]
+	ls := t.labelState
 	s.queue.remove(t)
 	ls.queue.remove(t)
 	s.queued--
