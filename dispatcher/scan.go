@@ -108,16 +108,30 @@ func (s *scanner) rawString() ([]byte, bool) {
 		return nil, false
 	}
 	start := s.i
-	for ; s.i < len(s.b); s.i++ {
-		switch c := s.b[s.i]; {
-		case c == '"':
-			s.i++
-			return s.b[start : s.i-1], true
-		case c < 0x20 || c > 0x7e || c == '\\':
-			return nil, false
-		}
+	if s.i = plainRun(s.b, start); s.i == len(s.b) || s.b[s.i] != '"' {
+		return nil, false
 	}
-	return nil, false
+	s.i++
+	return s.b[start : s.i-1], true
+}
+
+// stopByte marks the bytes that end a run of plain string bytes: the closing quote, a
+// backslash, and anything that is not printable ASCII.
+var stopByte = func() (t [256]bool) {
+	for c := range len(t) {
+		t[c] = c < 0x20 || c > 0x7e || c == '"' || c == '\\'
+	}
+	return t
+}()
+
+// plainRun returns the index of the first stop byte in b from i on, or len(b). One
+// table load per byte in a local index: this loop reads every string of every
+// /run-task body.
+func plainRun(b []byte, i int) int {
+	for i < len(b) && !stopByte[b[i]] {
+		i++
+	}
+	return i
 }
 
 // unescaped returns a string's bytes with the short escapes resolved, in a new slice.
@@ -127,18 +141,15 @@ func (s *scanner) unescaped() ([]byte, bool) {
 	}
 	start := s.i
 	// Most strings have no escape: find the end first and copy once.
-	for ; s.i < len(s.b); s.i++ {
-		c := s.b[s.i]
-		if c == '"' {
-			s.i++
-			return bytes.Clone(s.b[start : s.i-1]), true
-		}
-		if c == '\\' {
-			break
-		}
-		if c < 0x20 || c > 0x7e {
-			return nil, false
-		}
+	s.i = plainRun(s.b, start)
+	switch {
+	case s.i == len(s.b):
+		return nil, false
+	case s.b[s.i] == '"':
+		s.i++
+		return bytes.Clone(s.b[start : s.i-1]), true
+	case s.b[s.i] != '\\':
+		return nil, false
 	}
 	out := make([]byte, s.i-start, len(s.b)-start)
 	copy(out, s.b[start:s.i])
