@@ -77,7 +77,7 @@ func (v *taskView) appendJSON(b []byte) []byte {
 // mostly — goes through encoding/json, escaping included.
 func appendString(b []byte, s string) []byte {
 	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+		if escapedInJSON[s[i]] {
 			q, _ := json.Marshal(s)
 			return append(b, q...)
 		}
@@ -86,6 +86,16 @@ func appendString(b []byte, s string) []byte {
 	b = append(b, s...)
 	return append(b, '"')
 }
+
+// escapedInJSON marks the bytes encoding/json does not write as they are: control
+// characters, the quote and backslash, its HTML escapes, and non-ASCII (which it
+// checks as UTF-8). A table: one load per byte of every string of every answer.
+var escapedInJSON = func() (t [256]bool) {
+	for c := range len(t) {
+		t[c] = c < 0x20 || c > 0x7e || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&'
+	}
+	return t
+}()
 
 // appendFloat formats like encoding/json: shortest form, exponent only outside
 // [1e-6, 1e21). Durations are never NaN or infinite.
