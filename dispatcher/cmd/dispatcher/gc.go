@@ -12,13 +12,12 @@ import (
 )
 
 // defaultGCPercent is the dispatcher's garbage-collector target (as GOGC) when neither
-// --gc-percent nor GOGC says otherwise. Under load most of the dispatcher's GC cost is
-// per cycle (stacks, globals, mark workers that take otherwise idle CPU), not per live
-// byte: with the retained answers switched off the heap stays at Go's 4 MB floor and
-// GC costs no less per task. Twice Go's default target halves the cycles; in the same
-// runs against the relay, requests per second rose by about 8% (benchmark/RESULTS.md).
-// The price is a heap up to three times the live data instead of two, which the memory
-// limit below keeps inside a container's limit.
+// --gc-percent nor GOGC says otherwise. Under load a cycle costs about the same however
+// much garbage came before it (with the retained answers switched off, the heap stays
+// at Go's 4 MB floor and GC costs no less per task), so twice Go's default target
+// halves the GC's CPU: 4.5 -> 2.5 us per task at full load (gctrace, RESULTS.md "Sixth
+// round"). The price is a heap up to three times the live data instead of two (8.6 ->
+// 12.6 KiB per idle worker), which the memory limit below keeps inside a container's.
 const defaultGCPercent = 200
 
 // gcSettings is how the garbage collector was set up, for the start-up log.
