@@ -191,12 +191,10 @@ func given(fs *flag.FlagSet, name string) bool {
 
 // fromEnv sets every flag not given on the command line from its environment variable.
 func fromEnv(fs *flag.FlagSet) error {
-	given := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	var err error
 	fs.VisitAll(func(f *flag.Flag) {
 		env := strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
-		if v, ok := os.LookupEnv(env); ok && !given[f.Name] && err == nil {
+		if v, ok := os.LookupEnv(env); ok && !given(fs, f.Name) && err == nil {
 			if e := f.Value.Set(v); e != nil {
 				err = fmt.Errorf("%s=%q: %w", env, v, e)
 			}
