@@ -36,7 +36,8 @@ type Config struct {
 	// The same seed and the same sequence of calls give the same durations.
 	Seed int64
 	// Sleep waits d or until ctx is done, returning ctx's error in that case. Nil
-	// means a real timer. Tests inject one that records durations without waiting.
+	// means a real sleep, precise to a fraction of a millisecond (preciseSleep). Tests
+	// inject one that records durations without waiting.
 	// It is never called for a zero duration.
 	Sleep func(ctx context.Context, d time.Duration) error
 }
@@ -73,7 +74,7 @@ func New(cfg Config) (*Backend, error) {
 	}
 	sleep := cfg.Sleep
 	if sleep == nil {
-		sleep = timerSleep
+		sleep = preciseSleep
 	}
 	seed := uint64(cfg.Seed)
 	return &Backend{
@@ -225,15 +226,4 @@ func (b *Backend) duration(base, jitter time.Duration) time.Duration {
 	delta := time.Duration(b.rng.Int64N(2*int64(jitter)+1)) - jitter
 	b.mu.Unlock()
 	return max(base+delta, 0)
-}
-
-func timerSleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
