@@ -98,4 +98,8 @@ for r in $(seq 1 "$ROUNDS"); do
 done
 awk -v s="$sum_ratio" -v c="$sum_cpu" -v d="$sum_disp" -v n="$ROUNDS" 'BEGIN{printf "mean ratio ours/relay: %.3f req/s, %.3f CPU per request (relay/ours), %.3f (relay/dispatcher alone) over %d rounds\n", s/n, c/n, d/n, n}'
 # The median and range of the req/s ratio: one round can be far off on a shared machine.
-echo "$ratios" | tr ' ' '\n' | grep . | sort -n | awk '{v[NR]=$1} END{m=(NR%2)?v[(NR+1)/2]:(v[NR/2]+v[NR/2+1])/2; printf "median req/s ratio %.3f (min %.3f, max %.3f)\n", m, v[1], v[NR]}'
+# The standard error of the mean says how far the mean itself may be off: with the
+# rounds' spread on a shared host, a mean within about two of them of a goal has not
+# shown whether it meets it.
+echo "$ratios" | tr ' ' '\n' | grep . | sort -n | awk '{v[NR]=$1; s+=$1; q+=$1*$1} END{m=(NR%2)?v[(NR+1)/2]:(v[NR/2]+v[NR/2+1])/2;
+  se=(NR>1)?sqrt((q-s*s/NR)/(NR-1)/NR):0; printf "median req/s ratio %.3f (min %.3f, max %.3f); mean %.3f, standard error %.3f\n", m, v[1], v[NR], s/NR, se}'
