@@ -55,7 +55,9 @@ func TestOverdueWheelSurvivesAClockJump(t *testing.T) {
 // stays visible as running.
 func TestOverdueTaskAnswers504(t *testing.T) {
 	t.Parallel()
-	clock := &testClock{now: time.Now()}
+	// Just past a whole second, so that the moment's second is rounded up by almost a
+	// whole second: the worst case for "answered within a second of its moment".
+	clock := &testClock{now: time.Now().Truncate(time.Second).Add(5 * time.Millisecond)}
 	waiting := make(chan string, 1)
 	b := setup(t, Config{Clock: clock, onWait: func(id string) { waiting <- id }})
 	w := b.dial("w1", "m")
@@ -68,7 +70,10 @@ func TestOverdueTaskAnswers504(t *testing.T) {
 	if closed(b.d.hub.overdue.after(overdueAt)) {
 		t.Fatal("producer released before the grace was over")
 	}
-	clock.advance(time.Second)
+	// A second past the moment: the wheel answers within a second of it, as its
+	// second is rounded up. One second from the step above (0.99 s past the moment)
+	// left the producer waiting whenever the moment fell in a second's first 10 ms.
+	clock.advance(time.Second + 10*time.Millisecond)
 	got := <-ans // the background tick closes the wheel's second
 	if got.status != 504 || !strings.Contains(fmt.Sprint(got.body["error"]), "still running") {
 		t.Fatalf("answer %v, want 504 saying the task is still running", got)
