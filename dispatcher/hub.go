@@ -337,6 +337,11 @@ func (h *hub) finish(rec *taskRecord, status string, httpStatus int, errMsg stri
 	rec.httpStatus = httpStatus
 	rec.errMsg = errMsg
 	rec.finishedAt = h.clock.Now()
+	if status == statusCompleted {
+		// Counted before the answer is released (as failures are, by finish's callers):
+		// a producer that reads /metrics after its answer finds its task counted.
+		h.met.completedTask(rec, rec.finishedAt.Sub(rec.created))
+	}
 	// Retained records keep the answer, not the request: parameters can be large.
 	rec.params = nil
 	if rec.journaled {
@@ -485,7 +490,6 @@ func (h *hub) onResult(wc *workerConn, res *pb.TaskResult) {
 	case res.GetOk():
 		rec.result = result
 		h.finish(rec, statusCompleted, http.StatusOK, "")
-		h.met.completedTask(rec, rec.finishedAt.Sub(rec.created)) // finish read the clock
 	case res.GetDeadlineExceeded() || (!rec.sched.Deadline.IsZero() && !h.clock.Now().Before(rec.sched.Deadline)):
 		h.met.failedTask(rec, failDeadline)
 		h.finish(rec, statusFailed, http.StatusGatewayTimeout, "deadline exceeded while running: "+res.GetError())
