@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"errors"
 	"syscall"
 	"time"
 )
@@ -17,7 +18,7 @@ func sleepUntil(deadline time.Time) {
 		ts := syscall.NsecToTimespec(int64(left))
 		// A signal (the runtime's preemption among them) ends it early with EINTR:
 		// sleep what is left.
-		if err := syscall.Nanosleep(&ts, nil); err != syscall.EINTR {
+		if err := syscall.Nanosleep(&ts, nil); !errors.Is(err, syscall.EINTR) {
 			return
 		}
 	}
