@@ -180,6 +180,8 @@ type Backend struct {
 	mu     sync.Mutex
 	models map[string]*modelOps // per model, created on first use
 	loaded map[string]bool      // models this backend loaded (or found loaded) and has not unloaded
+
+	joinedLoad func(label string) // test hook: a Load has joined label's load call
 }
 
 // modelOps serialises the loads and unloads of one model and merges concurrent loads.
@@ -359,6 +361,9 @@ func (b *Backend) Load(ctx context.Context, label string) error {
 	}
 	c.waiters++
 	b.mu.Unlock()
+	if b.joinedLoad != nil {
+		b.joinedLoad(label)
+	}
 
 	select {
 	case <-c.done:

@@ -205,11 +205,18 @@ func TestConcurrentLoadsShareOneRequest(t *testing.T) {
 	x := setup(t, fake.Config{Models: []string{"m"}}, nil)
 	events := x.fake.Subscribe()
 	release := x.fake.HoldLoads("m")
+	joined := make(chan string, 6)
+	triton.OnJoinedLoad(x.b, func(label string) { joined <- label })
 	errs := make(chan error, 5)
 	for range 5 {
 		go func() { errs <- x.b.Load(t.Context(), "m") }()
 	}
 	await(t, events, "load_start m")
+	// Every caller must have joined before the load is released; one that came later
+	// would rightly start a load of its own.
+	for range 5 {
+		await(t, joined, "m")
+	}
 	// A caller that gives up does not abort the load the others wait for.
 	ctx, cancel := context.WithCancel(t.Context())
 	quit := make(chan error, 1)
