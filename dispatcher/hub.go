@@ -464,7 +464,8 @@ func (h *hub) onResult(wc *workerConn, res *pb.TaskResult) {
 		return
 	}
 	if res.GetLoadFailed() {
-		out, err := h.sched.LoadFailed(wc.id, &rec.sched, res.GetError())
+		// label_miss marks the attempt that started the load; the others joined it.
+		out, err := h.sched.LoadFailed(wc.id, &rec.sched, res.GetError(), res.GetLabelMiss())
 		if err != nil {
 			h.log.Error().Err(err).Str("worker_id", wc.id).Str("task_id", res.GetTaskId()).Msg("load failed")
 			return

@@ -9,12 +9,34 @@ import (
 	pb "github.com/smartroute/smartroute/proto/smartroutev1"
 )
 
-// loadFailed reports, as an agent does, that the assignment's label failed to load.
+// loadFailed reports, as an agent does, that the load the assignment started failed.
 func (w *fakeWorker) loadFailed(a *pb.TaskAssignment, reason string) {
 	w.write(&pb.Envelope{Body: &pb.Envelope_LabelEvent{LabelEvent: &pb.LabelEvent{
 		Kind: pb.LabelEvent_KIND_LOAD_FAILED, Label: a.Label, Error: reason}}})
 	w.write(&pb.Envelope{Body: &pb.Envelope_Result{Result: &pb.TaskResult{
-		TaskId: a.TaskId, Attempt: a.Attempt, Error: "load label: " + reason, LoadFailed: true}}})
+		TaskId: a.TaskId, Attempt: a.Attempt, Error: "load label: " + reason, LoadFailed: true, LabelMiss: true}}})
+}
+
+// A task that waited for a load another task started gets its failure too, without
+// label_miss: it runs elsewhere, but the one failed load is not counted again.
+func TestJoinedLoadFailureDoesNotCount(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{Scheduler: scheduler.Config{LabelFailureThreshold: 1, LabelFailureCooldown: time.Hour}})
+	w1 := b.dial("w1", "L")
+	ans := b.postAsync(`{"task_id":"jf-1","task_type":"x","label":"L"}`)
+	a := w1.assignment()
+	w2 := b.dial("w2")
+	w1.write(&pb.Envelope{Body: &pb.Envelope_Result{Result: &pb.TaskResult{
+		TaskId: a.TaskId, Attempt: a.Attempt, Error: "load label: CUDA out of memory", LoadFailed: true}}})
+	a2 := w2.assignment()
+	if a2.TaskId != "jf-1" || a2.Attempt != 2 {
+		t.Fatalf("after a joined load failure on w1: %v", a2)
+	}
+	// The load w2 starts fails: with a threshold of one, that marks the label failing.
+	w2.loadFailed(a2, "CUDA out of memory")
+	if got := <-ans; got.status != 503 || !strings.Contains(got.body["error"].(string), "failing") {
+		t.Fatalf("after the failed load w2 started: %v", got)
+	}
 }
 
 // A label that fails to load on one worker runs on another; one that keeps failing is

@@ -142,7 +142,7 @@ func TestRandomOperationsKeepIndexesTrue(t *testing.T) {
 							case 0:
 								b.s.Requeue(tk.WorkerID(), tk)
 							case 1:
-								b.s.LoadFailed(tk.WorkerID(), tk, "no memory")
+								b.s.LoadFailed(tk.WorkerID(), tk, "no memory", r.IntN(2) == 0)
 							default:
 								b.s.Complete(tk.WorkerID(), tk, Observation{Loaded: r.IntN(2) == 0, LoadTime: 400 * time.Millisecond, RunTime: time.Duration(r.IntN(200)) * time.Millisecond})
 							}

@@ -16,9 +16,15 @@ type labelFailures struct {
 
 // LoadFailed takes back an attempt whose label failed to load on the worker. The
 // task never goes back to that worker; it runs elsewhere (bounded by MaxAttempts, then
-// FailLoad), unless the failure marks the label failing, which fails it and every task
-// queued for the label with FailLabelFailing. loadError is kept as the reason.
-func (s *Scheduler) LoadFailed(workerID string, t *Task, loadError string) (*Outcome, error) {
+// FailLoad), unless the label is failing, which fails it and every task queued for the
+// label with FailLabelFailing. loadError is kept as the reason.
+//
+// startedLoad says the attempt started the load that failed (its result's label_miss).
+// Only such a failure counts toward LabelFailureThreshold: attempts that joined a load
+// another attempt started on the worker report the same failure, and counting each
+// would let one transient failure on a many-slot worker mark the label failing
+// everywhere.
+func (s *Scheduler) LoadFailed(workerID string, t *Task, loadError string, startedLoad bool) (*Outcome, error) {
 	out := s.reset()
 	w, i, err := s.runningOn(workerID, t)
 	if err != nil {
@@ -35,7 +41,11 @@ func (s *Scheduler) LoadFailed(workerID string, t *Task, loadError string) (*Out
 			s.refreshFree(w)
 		}
 	}
-	if s.recordLoadFailure(t.Label, loadError) {
+	failing := s.failingNow(t.Label, s.now) != nil
+	if startedLoad {
+		failing = s.recordLoadFailure(t.Label, loadError)
+	}
+	if failing {
 		t.state = stateDone
 		out.Failed = append(out.Failed, Failure{Task: t, Reason: FailLabelFailing, LoadError: loadError})
 		if ls := s.labels[t.Label]; ls != nil {

@@ -5,10 +5,18 @@ import (
 	"time"
 )
 
-// loadFailed reports a load failure and returns copies of the outcome's slices.
+// loadFailed reports the failure of a load t started and returns copies of the
+// outcome's slices.
 func (b *bundle) loadFailed(t *Task, reason string) ([]Assignment, []Failure) {
 	b.t.Helper()
-	out, err := b.s.LoadFailed(t.WorkerID(), t, reason)
+	return b.loadFailedAs(t, reason, true)
+}
+
+// loadFailedAs reports a load failure; started is false for an attempt that joined a
+// load another attempt started.
+func (b *bundle) loadFailedAs(t *Task, reason string, started bool) ([]Assignment, []Failure) {
+	b.t.Helper()
+	out, err := b.s.LoadFailed(t.WorkerID(), t, reason, started)
 	if err != nil {
 		b.t.Fatal(err)
 	}
@@ -112,6 +120,56 @@ func TestLabelFailingCooldownAndProbe(t *testing.T) {
 	b.submit(tk)
 	if _, failed := b.loadFailed(tk, "flaky"); len(failed) != 0 {
 		t.Fatalf("after a working load one failure is not enough: %v", failed)
+	}
+	check(t, b.s)
+}
+
+// Tasks that waited on one worker for the same load all report its failure; it counts
+// once toward the threshold, and every one of them goes elsewhere.
+func TestSharedLoadFailureCountsOnce(t *testing.T) {
+	b := setup(t, Config{LabelFailureThreshold: 2})
+	b.worker("w1", 2, 4)
+	b.worker("w2", 2, 4)
+	var shared []*Task
+	for range 3 {
+		tk := b.task("L")
+		b.submit(tk)
+		shared = append(shared, tk)
+	}
+	on := shared[0].WorkerID()
+	for _, tk := range shared {
+		if tk.WorkerID() != on || on == "" {
+			t.Fatalf("want the three tasks sharing one load on one worker, got %q %q %q", shared[0].WorkerID(), shared[1].WorkerID(), shared[2].WorkerID())
+		}
+	}
+	// Results come back in any order: the two that joined first, then the one that
+	// started the load.
+	for i, tk := range []*Task{shared[1], shared[2], shared[0]} {
+		if _, failed := b.loadFailedAs(tk, "out of memory", i == 2); len(failed) != 0 {
+			t.Fatalf("one failed load failed tasks: %v", failed)
+		}
+	}
+	if _, _, failing := b.s.LabelFailing("L"); failing {
+		t.Fatal("one failed load marked the label failing")
+	}
+	for _, tk := range shared {
+		if tk.WorkerID() == on || tk.Attempt != 2 {
+			t.Fatalf("task %s after the failed load: on %q attempt %d, want another worker's second attempt", tk.ID, tk.WorkerID(), tk.Attempt)
+		}
+	}
+	// A second failed load within the window reaches the threshold; the tasks that
+	// joined it then fail with the label rather than go round again.
+	starter := shared[0]
+	if _, failed := b.loadFailed(starter, "out of memory"); len(failed) == 0 || failed[0].Reason != FailLabelFailing {
+		t.Fatalf("second failed load: %v", failed)
+	}
+	for _, tk := range shared {
+		if tk == starter || !tk.Running() {
+			continue
+		}
+		if _, failed := b.loadFailedAs(tk, "out of memory", false); len(failed) != 1 || failed[0].Reason != FailLabelFailing {
+			t.Fatalf("joiner of a load that marked the label failing: %v", failed)
+		}
 	}
 	check(t, b.s)
 }
