@@ -45,7 +45,7 @@ func run(args []string) error {
 	random := fs.Bool("random-dispatch", false, "baseline: one common FIFO queue, any free worker")
 	policy := fs.String("policy", string(scheduler.PolicyAffinity), "routing policy: affinity or random")
 	cpuProf := fs.String("cpu-prof", "", "write a pprof CPU profile to this file on shutdown")
-	pprofAddr := fs.String("pprof-addr", "", "serve net/http/pprof on this address (off when empty; keep it private)")
+	pprofAddr := fs.String("pprof-addr", "", "serve net/http/pprof on this address, without auth (off when empty; --ops-auth does not cover it: keep it private)")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	taskTimeout := fs.Duration("task-timeout", 5*time.Minute, "deadline of a task that sets no timeout_ms")
 	shutdownTimeout := fs.Duration("shutdown-timeout", 30*time.Second, "how long shutdown waits for in-flight tasks")
