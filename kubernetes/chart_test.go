@@ -547,6 +547,8 @@ func TestChartRejectsBadValues(t *testing.T) {
 		{"unknown backend", map[string]any{"workers": map[string]any{"backend": "onnx"}}, "backend"},
 		{"triton backend without triton", map[string]any{"workers": map[string]any{"triton": map[string]any{"enabled": false}}}, "workers.triton.enabled"},
 		{"tls without certificate", map[string]any{"tls": map[string]any{"enabled": true}}, "Secret is required when tls.enabled"},
+		// What --set (not --set-string) makes of nvidia.com/gpu.present=true.
+		{"boolean nodeSelector value", map[string]any{"workers": map[string]any{"nodeSelector": map[string]any{"nvidia.com/gpu.present": true}}}, "nodeSelector"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, err := render(t, tc.overrides)
@@ -557,6 +559,15 @@ func TestChartRejectsBadValues(t *testing.T) {
 				t.Errorf("error %q does not name %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// The README's GPU install: --set-string workers.nodeSelector.nvidia\.com/gpu\.present=true.
+func TestChartGPUNodeSelector(t *testing.T) {
+	r := mustRender(t, map[string]any{"workers": map[string]any{"nodeSelector": map[string]any{"nvidia.com/gpu.present": "true"}}})
+	w := one[*appsv1.Deployment](t, r, "sr-smartroute-worker")
+	if got := w.Spec.Template.Spec.NodeSelector; got["nvidia.com/gpu.present"] != "true" {
+		t.Errorf("worker nodeSelector = %v, want nvidia.com/gpu.present: \"true\"", got)
 	}
 }
 
