@@ -390,6 +390,10 @@ func TestChartDefaultValues(t *testing.T) {
 	if ae["BACKEND"].Value != "triton" || ae["TRITON_URL"].Value != "http://127.0.0.1:8000" {
 		t.Errorf("agent backend env = %v / %v", ae["BACKEND"], ae["TRITON_URL"])
 	}
+	// The agent waits for Triton as long as the startup probe does, not its own 5m default.
+	if got := ae["TRITON_START_TIMEOUT"].Value; got != "600s" {
+		t.Errorf("TRITON_START_TIMEOUT = %q, want 600s (workers.triton.startupSeconds)", got)
+	}
 
 	pdb := one[*policyv1.PodDisruptionBudget](t, r, "sr-smartroute-worker")
 	if !metav1LabelsEqual(pdb.Spec.Selector, w.Spec.Selector) {
@@ -506,8 +510,12 @@ func TestChartKindValues(t *testing.T) {
 	if n := len(w.Spec.Template.Spec.Containers); n != 1 {
 		t.Errorf("kind worker pods have %d containers, want the agent alone", n)
 	}
-	if got := env(container(t, w.Spec.Template.Spec, "agent"))["BACKEND"].Value; got != "sim" {
+	ae := env(container(t, w.Spec.Template.Spec, "agent"))
+	if got := ae["BACKEND"].Value; got != "sim" {
 		t.Errorf("kind BACKEND = %q, want sim", got)
+	}
+	if v, ok := ae["TRITON_START_TIMEOUT"]; ok {
+		t.Errorf("sim backend gets TRITON_START_TIMEOUT %q", v.Value)
 	}
 	svc := one[*corev1.Service](t, r, "sr-smartroute-dispatcher")
 	if svc.Spec.Type != corev1.ServiceTypeNodePort || svc.Spec.Ports[0].NodePort != 30080 {
@@ -568,6 +576,18 @@ func TestChartGPUNodeSelector(t *testing.T) {
 	w := one[*appsv1.Deployment](t, r, "sr-smartroute-worker")
 	if got := w.Spec.Template.Spec.NodeSelector; got["nvidia.com/gpu.present"] != "true" {
 		t.Errorf("worker nodeSelector = %v, want nvidia.com/gpu.present: \"true\"", got)
+	}
+}
+
+// A slower Triton start reaches the agent's wait too, not only the startup probe.
+func TestChartTritonStartTimeout(t *testing.T) {
+	r := mustRender(t, map[string]any{"workers": map[string]any{"triton": map[string]any{"startupSeconds": 1200}}})
+	w := one[*appsv1.Deployment](t, r, "sr-smartroute-worker")
+	if got := env(container(t, w.Spec.Template.Spec, "agent"))["TRITON_START_TIMEOUT"].Value; got != "1200s" {
+		t.Errorf("TRITON_START_TIMEOUT = %q, want 1200s", got)
+	}
+	if p := container(t, w.Spec.Template.Spec, "triton").StartupProbe; p == nil || p.FailureThreshold*p.PeriodSeconds != 1200 {
+		t.Errorf("triton startup probe = %+v, want 1200s in all", p)
 	}
 }
 
