@@ -394,6 +394,10 @@ func TestChartDefaultValues(t *testing.T) {
 	if got := ae["TRITON_START_TIMEOUT"].Value; got != "600s" {
 		t.Errorf("TRITON_START_TIMEOUT = %q, want 600s (workers.triton.startupSeconds)", got)
 	}
+	if ru := w.Spec.Strategy.RollingUpdate; w.Spec.Strategy.Type != appsv1.RollingUpdateDeploymentStrategyType || ru == nil ||
+		ru.MaxSurge.String() != "1" || ru.MaxUnavailable.String() != "0" {
+		t.Errorf("worker strategy = %+v, want a rolling update adding a worker before removing one", w.Spec.Strategy)
+	}
 
 	pdb := one[*policyv1.PodDisruptionBudget](t, r, "sr-smartroute-worker")
 	if !metav1LabelsEqual(pdb.Spec.Selector, w.Spec.Selector) {
@@ -555,6 +559,8 @@ func TestChartRejectsBadValues(t *testing.T) {
 		{"unknown backend", map[string]any{"workers": map[string]any{"backend": "onnx"}}, "backend"},
 		{"triton backend without triton", map[string]any{"workers": map[string]any{"triton": map[string]any{"enabled": false}}}, "workers.triton.enabled"},
 		{"tls without certificate", map[string]any{"tls": map[string]any{"enabled": true}}, "Secret is required when tls.enabled"},
+		{"rollout that can never start", map[string]any{"workers": map[string]any{"updateStrategy": map[string]any{"maxSurge": 0, "maxUnavailable": "0%"}}}, "workers.updateStrategy"},
+		{"bad maxSurge", map[string]any{"workers": map[string]any{"updateStrategy": map[string]any{"maxSurge": "one"}}}, "maxSurge"},
 		// What --set (not --set-string) makes of nvidia.com/gpu.present=true.
 		{"boolean nodeSelector value", map[string]any{"workers": map[string]any{"nodeSelector": map[string]any{"nvidia.com/gpu.present": true}}}, "nodeSelector"},
 	} {
@@ -588,6 +594,20 @@ func TestChartTritonStartTimeout(t *testing.T) {
 	}
 	if p := container(t, w.Spec.Template.Spec, "triton").StartupProbe; p == nil || p.FailureThreshold*p.PeriodSeconds != 1200 {
 		t.Errorf("triton startup probe = %+v, want 1200s in all", p)
+	}
+}
+
+// A saturated GPU pool: no surge pod (it would stay Pending), one worker replaced at a time;
+// percentages pass through as the Deployment API takes them.
+func TestChartWorkerUpdateStrategy(t *testing.T) {
+	for _, tc := range []struct{ surge, unavailable any }{{0, 1}, {"25%", "25%"}} {
+		r := mustRender(t, map[string]any{"workers": map[string]any{
+			"updateStrategy": map[string]any{"maxSurge": tc.surge, "maxUnavailable": tc.unavailable}}})
+		w := one[*appsv1.Deployment](t, r, "sr-smartroute-worker")
+		ru := w.Spec.Strategy.RollingUpdate
+		if ru == nil || ru.MaxSurge.String() != fmt.Sprint(tc.surge) || ru.MaxUnavailable.String() != fmt.Sprint(tc.unavailable) {
+			t.Errorf("worker rollingUpdate = %+v, want maxSurge %v, maxUnavailable %v", ru, tc.surge, tc.unavailable)
+		}
 	}
 }
 
