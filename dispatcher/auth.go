@@ -120,7 +120,7 @@ func verify(c echo.Context, apiKeyHeader bool, own, other credential.Set, msg re
 
 // authorize is the middleware that checks credentials by route, before any handler
 // runs: a refused worker is never upgraded and the hub never hears of it. Routes not
-// listed (/workers, /labels, /metrics, /debug/..., and unknown paths) are ops routes.
+// listed (/workers, /labels, /metrics, and unknown paths) are ops routes.
 func (d *Dispatcher) authorize(next echo.HandlerFunc) echo.HandlerFunc {
 	a := d.auth
 	return func(c echo.Context) error {

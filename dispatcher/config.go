@@ -85,8 +85,9 @@ type Config struct {
 	APIKeys []string
 	// APIKeysFile holds more API keys, one per line; re-read by ReloadCredentials.
 	APIKeysFile string
-	// OpsAuth makes the ops endpoints (/workers, /labels, /metrics, /debug) require an
-	// API key too; /health never does. False means they are open. Needs API keys.
+	// OpsAuth makes the ops endpoints (/workers, /labels, /metrics) require an API key
+	// too; /health never does. False means they are open. Needs API keys. It does not
+	// cover pprof, which cmd/dispatcher serves on a listener of its own (--pprof-addr).
 	OpsAuth bool
 	// InsecureNoAuth allows a non-loopback Addr without both worker tokens and API
 	// keys. False means such an Addr is refused by New.

@@ -390,6 +390,14 @@ func TestChartDefaultValues(t *testing.T) {
 	if ae["BACKEND"].Value != "triton" || ae["TRITON_URL"].Value != "http://127.0.0.1:8000" {
 		t.Errorf("agent backend env = %v / %v", ae["BACKEND"], ae["TRITON_URL"])
 	}
+	// The agent waits for Triton as long as the startup probe does, not its own 5m default.
+	if got := ae["TRITON_START_TIMEOUT"].Value; got != "600s" {
+		t.Errorf("TRITON_START_TIMEOUT = %q, want 600s (workers.triton.startupSeconds)", got)
+	}
+	if ru := w.Spec.Strategy.RollingUpdate; w.Spec.Strategy.Type != appsv1.RollingUpdateDeploymentStrategyType || ru == nil ||
+		ru.MaxSurge.String() != "1" || ru.MaxUnavailable.String() != "0" {
+		t.Errorf("worker strategy = %+v, want a rolling update adding a worker before removing one", w.Spec.Strategy)
+	}
 
 	pdb := one[*policyv1.PodDisruptionBudget](t, r, "sr-smartroute-worker")
 	if !metav1LabelsEqual(pdb.Spec.Selector, w.Spec.Selector) {
@@ -506,8 +514,12 @@ func TestChartKindValues(t *testing.T) {
 	if n := len(w.Spec.Template.Spec.Containers); n != 1 {
 		t.Errorf("kind worker pods have %d containers, want the agent alone", n)
 	}
-	if got := env(container(t, w.Spec.Template.Spec, "agent"))["BACKEND"].Value; got != "sim" {
+	ae := env(container(t, w.Spec.Template.Spec, "agent"))
+	if got := ae["BACKEND"].Value; got != "sim" {
 		t.Errorf("kind BACKEND = %q, want sim", got)
+	}
+	if v, ok := ae["TRITON_START_TIMEOUT"]; ok {
+		t.Errorf("sim backend gets TRITON_START_TIMEOUT %q", v.Value)
 	}
 	svc := one[*corev1.Service](t, r, "sr-smartroute-dispatcher")
 	if svc.Spec.Type != corev1.ServiceTypeNodePort || svc.Spec.Ports[0].NodePort != 30080 {
@@ -547,6 +559,10 @@ func TestChartRejectsBadValues(t *testing.T) {
 		{"unknown backend", map[string]any{"workers": map[string]any{"backend": "onnx"}}, "backend"},
 		{"triton backend without triton", map[string]any{"workers": map[string]any{"triton": map[string]any{"enabled": false}}}, "workers.triton.enabled"},
 		{"tls without certificate", map[string]any{"tls": map[string]any{"enabled": true}}, "Secret is required when tls.enabled"},
+		{"rollout that can never start", map[string]any{"workers": map[string]any{"updateStrategy": map[string]any{"maxSurge": 0, "maxUnavailable": "0%"}}}, "workers.updateStrategy"},
+		{"bad maxSurge", map[string]any{"workers": map[string]any{"updateStrategy": map[string]any{"maxSurge": "one"}}}, "maxSurge"},
+		// What --set (not --set-string) makes of nvidia.com/gpu.present=true.
+		{"boolean nodeSelector value", map[string]any{"workers": map[string]any{"nodeSelector": map[string]any{"nvidia.com/gpu.present": true}}}, "nodeSelector"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, err := render(t, tc.overrides)
@@ -557,6 +573,41 @@ func TestChartRejectsBadValues(t *testing.T) {
 				t.Errorf("error %q does not name %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// The README's GPU install: --set-string workers.nodeSelector.nvidia\.com/gpu\.present=true.
+func TestChartGPUNodeSelector(t *testing.T) {
+	r := mustRender(t, map[string]any{"workers": map[string]any{"nodeSelector": map[string]any{"nvidia.com/gpu.present": "true"}}})
+	w := one[*appsv1.Deployment](t, r, "sr-smartroute-worker")
+	if got := w.Spec.Template.Spec.NodeSelector; got["nvidia.com/gpu.present"] != "true" {
+		t.Errorf("worker nodeSelector = %v, want nvidia.com/gpu.present: \"true\"", got)
+	}
+}
+
+// A slower Triton start reaches the agent's wait too, not only the startup probe.
+func TestChartTritonStartTimeout(t *testing.T) {
+	r := mustRender(t, map[string]any{"workers": map[string]any{"triton": map[string]any{"startupSeconds": 1200}}})
+	w := one[*appsv1.Deployment](t, r, "sr-smartroute-worker")
+	if got := env(container(t, w.Spec.Template.Spec, "agent"))["TRITON_START_TIMEOUT"].Value; got != "1200s" {
+		t.Errorf("TRITON_START_TIMEOUT = %q, want 1200s", got)
+	}
+	if p := container(t, w.Spec.Template.Spec, "triton").StartupProbe; p == nil || p.FailureThreshold*p.PeriodSeconds != 1200 {
+		t.Errorf("triton startup probe = %+v, want 1200s in all", p)
+	}
+}
+
+// A saturated GPU pool: no surge pod (it would stay Pending), one worker replaced at a time;
+// percentages pass through as the Deployment API takes them.
+func TestChartWorkerUpdateStrategy(t *testing.T) {
+	for _, tc := range []struct{ surge, unavailable any }{{0, 1}, {"25%", "25%"}} {
+		r := mustRender(t, map[string]any{"workers": map[string]any{
+			"updateStrategy": map[string]any{"maxSurge": tc.surge, "maxUnavailable": tc.unavailable}}})
+		w := one[*appsv1.Deployment](t, r, "sr-smartroute-worker")
+		ru := w.Spec.Strategy.RollingUpdate
+		if ru == nil || ru.MaxSurge.String() != fmt.Sprint(tc.surge) || ru.MaxUnavailable.String() != fmt.Sprint(tc.unavailable) {
+			t.Errorf("worker rollingUpdate = %+v, want maxSurge %v, maxUnavailable %v", ru, tc.surge, tc.unavailable)
+		}
 	}
 }
 

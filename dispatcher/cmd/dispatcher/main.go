@@ -4,11 +4,12 @@
 //
 // Every flag has an environment variable: the flag name upper-cased with dashes as
 // underscores (--random-dispatch → RANDOM_DISPATCH). A flag given on the command line
-// wins over the environment.
+// wins over the environment; an empty variable counts as unset.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"math"
@@ -29,19 +30,22 @@ import (
 )
 
 func main() {
-	if err := run(); err != nil {
+	if err := run(os.Args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0) // the usage is printed; asking for it is not a failure
+		}
 		fmt.Fprintln(os.Stderr, "dispatcher:", err)
 		os.Exit(1)
 	}
 }
 
-func run() error {
+func run(args []string) error {
 	fs := flag.NewFlagSet("dispatcher", flag.ContinueOnError)
 	addr := fs.String("addr", "127.0.0.1:8080", "listen address")
 	random := fs.Bool("random-dispatch", false, "baseline: one common FIFO queue, any free worker")
 	policy := fs.String("policy", string(scheduler.PolicyAffinity), "routing policy: affinity or random")
 	cpuProf := fs.String("cpu-prof", "", "write a pprof CPU profile to this file on shutdown")
-	pprofAddr := fs.String("pprof-addr", "", "serve net/http/pprof on this address (off when empty; keep it private)")
+	pprofAddr := fs.String("pprof-addr", "", "serve net/http/pprof on this address, without auth (off when empty; --ops-auth does not cover it: keep it private)")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	taskTimeout := fs.Duration("task-timeout", 5*time.Minute, "deadline of a task that sets no timeout_ms")
 	shutdownTimeout := fs.Duration("shutdown-timeout", 30*time.Second, "how long shutdown waits for in-flight tasks")
@@ -62,22 +66,22 @@ func run() error {
 	workerTokensFile := fs.String("worker-tokens-file", "", "file of worker tokens, one per line, # comments; re-read on SIGHUP")
 	apiKeys := fs.String("api-key", "", "comma-separated API keys accepted from producers (prefer the env var: flags show in ps)")
 	apiKeysFile := fs.String("api-keys-file", "", "file of API keys, one per line, # comments; re-read on SIGHUP")
-	opsAuth := fs.Bool("ops-auth", false, "the ops endpoints (/workers, /labels, /metrics, /debug) need an API key too")
+	opsAuth := fs.Bool("ops-auth", false, "the ops endpoints (/workers, /labels, /metrics) need an API key too; --pprof-addr is not covered")
 	tlsCert := fs.String("tls-cert", "", "PEM certificate: serve HTTPS and wss:// (with --tls-key)")
 	tlsKey := fs.String("tls-key", "", "PEM private key of --tls-cert")
 	insecure := fs.Bool("insecure-no-auth", false, "allow a non-loopback --addr without both worker tokens and API keys")
 	failThreshold := fs.Int("label-failure-threshold", 3, "load failures of a label within --label-failure-window that mark it failing")
 	failWindow := fs.Duration("label-failure-window", time.Minute, "window in which load failures of a label are counted")
 	failCooldown := fs.Duration("label-failure-cooldown", 30*time.Second, "how long a failing label's tasks fail at once (503) before a load is tried again")
-	dataDir := fs.String("data-dir", "./data", "directory of the journal of asynchronous tasks (empty: no journal, a crash loses them)")
+	dataDir := fs.String("data-dir", "./data", "directory of the journal of asynchronous tasks (--data-dir= on the command line: no journal, a crash loses them)")
 	retention := fs.Duration("task-retention", 10*time.Minute, "how long a finished task answers GET /tasks/{id} and resubmissions of its id")
 	gcTarget := fs.Int("gc-percent", defaultGCPercent, "garbage-collector target as in GOGC (-1: off); GOGC in the environment wins over the default")
 	memRatio := fs.Float64("memory-limit-ratio", 0.9, "share of the container's memory limit (cgroup) set as the Go runtime's soft limit (0: none); GOMEMLIMIT in the environment wins")
-	if err := fs.Parse(os.Args[1:]); err != nil {
+	fs.VisitAll(func(f *flag.Flag) { f.Usage += " (env " + envName(f.Name) + ")" })
+	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	_, gcFromEnv := os.LookupEnv("GC_PERCENT")
-	gcGiven := gcFromEnv || given(fs, "gc-percent")
+	gcGiven := os.Getenv(envName("gc-percent")) != "" || given(fs, "gc-percent")
 	if err := fromEnv(fs); err != nil {
 		return err
 	}
@@ -189,12 +193,18 @@ func given(fs *flag.FlagSet, name string) bool {
 	return found
 }
 
+func envName(flagName string) string {
+	return strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
 // fromEnv sets every flag not given on the command line from its environment variable.
+// An empty variable counts as unset, as in the other commands: a blank line in an env
+// file must not fail the start (MAX_QUEUED=) or turn the journal off (DATA_DIR=).
 func fromEnv(fs *flag.FlagSet) error {
 	var err error
 	fs.VisitAll(func(f *flag.Flag) {
-		env := strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
-		if v, ok := os.LookupEnv(env); ok && !given(fs, f.Name) && err == nil {
+		env := envName(f.Name)
+		if v := os.Getenv(env); v != "" && !given(fs, f.Name) && err == nil {
 			if e := f.Value.Set(v); e != nil {
 				err = fmt.Errorf("%s=%q: %w", env, v, e)
 			}

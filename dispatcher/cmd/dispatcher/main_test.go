@@ -1,0 +1,70 @@
+package main
+
+import (
+	"flag"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// An empty variable counts as unset, as in the agent and the collector: MAX_QUEUED= must not
+// stop the start and DATA_DIR= must not turn the journal off.
+func TestFromEnvTreatsEmptyAsUnset(t *testing.T) {
+	fs := flag.NewFlagSet("dispatcher", flag.ContinueOnError)
+	maxQueued := fs.Int("max-queued", 100_000, "")
+	dataDir := fs.String("data-dir", "./data", "")
+	logLevel := fs.String("log-level", "info", "")
+	policy := fs.String("policy", "affinity", "")
+	if err := fs.Parse([]string{"--policy=random"}); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("MAX_QUEUED", "")
+	t.Setenv("DATA_DIR", "")
+	t.Setenv("LOG_LEVEL", "debug")
+	t.Setenv("POLICY", "affinity")
+	if err := fromEnv(fs); err != nil {
+		t.Fatalf("fromEnv with empty variables: %v", err)
+	}
+	if *maxQueued != 100_000 || *dataDir != "./data" {
+		t.Errorf("empty variables applied: max-queued %d, data-dir %q; want the defaults", *maxQueued, *dataDir)
+	}
+	if *logLevel != "debug" {
+		t.Errorf("log-level = %q, want LOG_LEVEL's debug", *logLevel)
+	}
+	if *policy != "random" {
+		t.Errorf("policy = %q, want the command line's random over POLICY", *policy)
+	}
+
+	t.Setenv("MAX_QUEUED", "lots")
+	if err := fromEnv(fs); err == nil || !strings.Contains(err.Error(), "MAX_QUEUED") {
+		t.Errorf("fromEnv with MAX_QUEUED=lots: %v, want an error naming MAX_QUEUED", err)
+	}
+}
+
+// helpChildEnv makes the test binary run main with --help instead of the tests.
+const helpChildEnv = "SMARTROUTE_TEST_DISPATCHER_HELP"
+
+// --help prints every flag with its environment variable and exits 0, as the other
+// commands do. main runs in a child process because it calls os.Exit.
+func TestHelpExitsZeroAndNamesEnvVars(t *testing.T) {
+	if os.Getenv(helpChildEnv) == "1" {
+		os.Args = []string{"dispatcher", "--help"}
+		main()
+		os.Exit(3) // main returned without exiting: neither 0 nor its error exit
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelpExitsZeroAndNamesEnvVars$")
+	cmd.Env = append(os.Environ(), helpChildEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("dispatcher --help: %v, want exit 0\n%s", err, out)
+	}
+	for _, want := range []string{"-max-queued", "(env MAX_QUEUED)", "(env DATA_DIR)", "(env OPS_AUTH)"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("usage lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(string(out), "help requested") {
+		t.Errorf("usage reports --help as an error:\n%s", out)
+	}
+}
