@@ -255,6 +255,36 @@ func TestRegressionLoadFailedWhileInUse(t *testing.T) {
 	}
 }
 
+// An EVICTED event for a copy a task unloaded arrives after the assignment that loads
+// the label again on the same worker: the new copy was doomed and dropped with its
+// task, though the worker's LOADED event followed.
+func TestRegressionStaleEvictionDropsReloadedLabel(t *testing.T) {
+	b := setup(t, Config{})
+	b.worker("w1", 2, 2, "A", "C")
+	b.clock.advance(10 * time.Second) // past the churn guard
+	t1 := b.task("B")
+	if a := one(t, b.submit(t1)); a.EvictLabel != "A" {
+		t.Fatalf("want B loaded in place of A, got %+v", a)
+	}
+	t2 := b.task("A")
+	if a := one(t, b.submit(t2)); a.WorkerID != "w1" || a.EvictLabel != "C" {
+		t.Fatalf("want A loaded back on w1 in place of C, got %+v", a)
+	}
+	// What the agent reports, in order: t1's unload of A, then t2's unload of C and
+	// the two loads.
+	b.s.LabelGone("w1", "A")
+	b.s.LabelGone("w1", "C")
+	b.s.LabelLoaded("w1", "B")
+	b.s.LabelLoaded("w1", "A")
+	b.complete(t1, true)
+	b.complete(t2, true)
+	v, _ := b.s.Worker("w1")
+	if got := fmt.Sprint(v.Labels); got != "[A B]" && got != "[B A]" {
+		t.Fatalf("w1 holds %s in the scheduler's view; the worker holds A and B", got)
+	}
+	check(t, b.s)
+}
+
 // Rule 4 returns the aged head even when the worker cannot load it, and fill stops
 // though the worker could run a queued task for the label it holds.
 func TestRegressionPickRefusedStopsFill(t *testing.T) {

@@ -544,7 +544,15 @@ func (s *Scheduler) LabelLoaded(workerID, label string) *Outcome {
 	}
 	delete(s.failing, label) // a load that works ends the label's bad run
 	if i := w.find(label); i >= 0 {
-		w.held[i].pending = false
+		h := w.held[i]
+		h.pending = false
+		if h.doomed {
+			// An eviction reported for an earlier copy doomed this one: the unload of
+			// one task raced the assignment that loads the label again on the same
+			// worker. Events arrive in order, so this load came after it.
+			s.undoom(w, h)
+			s.fill(w)
+		}
 		return out
 	}
 	// The worker loaded a label we did not ask for: believe it, making room in our
@@ -1055,6 +1063,17 @@ func (s *Scheduler) doom(w *worker, h *heldLabel) {
 	h.doomed = true
 	if h.idlePos >= 0 {
 		h.state.idle.remove(h.idlePos)
+	}
+}
+
+// undoom takes back doom: the worker reports the label loaded after all.
+func (s *Scheduler) undoom(w *worker, h *heldLabel) {
+	h.doomed = false
+	if w.accepting {
+		h.state.active++
+	}
+	if w.freePos >= 0 {
+		h.state.idle.add(&h.idlePos, w)
 	}
 }
 
