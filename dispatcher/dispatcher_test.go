@@ -103,14 +103,19 @@ type fakeWorker struct {
 
 func (b *bundle) dial(id string, labels ...string) *fakeWorker {
 	b.t.Helper()
-	w := b.dialRaw(id)
-	w.write(&pb.Envelope{Body: &pb.Envelope_Hello{Hello: &pb.Hello{
-		ProtocolVersion: frame.ProtocolVersion, WorkerId: id, MaxLabels: 2, Slots: 1, HeldLabels: labels}}})
+	return b.dialHello(&pb.Hello{ProtocolVersion: frame.ProtocolVersion, WorkerId: id, MaxLabels: 2, Slots: 1, HeldLabels: labels})
+}
+
+// dialHello connects a worker that introduces itself with hello.
+func (b *bundle) dialHello(hello *pb.Hello) *fakeWorker {
+	b.t.Helper()
+	w := b.dialRaw(hello.WorkerId)
+	w.write(&pb.Envelope{Body: &pb.Envelope_Hello{Hello: hello}})
 	if env := w.read(); env.GetWelcome() == nil {
 		b.t.Fatalf("want a welcome, got %v", env)
 	}
 	// The worker is registered once /workers lists it.
-	for !contains(b.workers(), id) {
+	for !contains(b.workers(), hello.WorkerId) {
 		time.Sleep(time.Millisecond) // polling an observable state, bounded by the test timeout
 	}
 	return w

@@ -322,6 +322,11 @@ func (h *hub) apply(out *scheduler.Outcome) {
 			status = http.StatusServiceUnavailable
 			msg = fmt.Sprintf("label %q is failing to load (%d failures within %v; cool-down %v): %s", f.Task.Label,
 				h.cfg.Scheduler.LabelFailureThreshold, h.cfg.Scheduler.LabelFailureWindow, h.cfg.Scheduler.LabelFailureCooldown, f.LoadError)
+		case scheduler.FailNoWorkerCanLoad:
+			// 503: a worker whose backend has the label may connect later.
+			status = http.StatusServiceUnavailable
+			msg = fmt.Sprintf("no connected worker can load label %q: none of the %d workers' backends lists it (a model name misspelt, or not in the model repository?)",
+				f.Task.Label, len(h.workers))
 		}
 		h.met.failedTask(rec, failReasonOf(f.Reason))
 		h.finish(rec, statusFailed, status, msg)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/smartroute/smartroute/dispatcher/scheduler"
+	"github.com/smartroute/smartroute/proto/frame"
 	pb "github.com/smartroute/smartroute/proto/smartroutev1"
 )
 
@@ -80,5 +81,23 @@ func TestLoadFailureRunsElsewhereThenLabelFailsFast(t *testing.T) {
 	w3.finish(a, true, `"ok"`)
 	if got := <-ans; got.status != 200 {
 		t.Fatalf("a healthy label: %v", got)
+	}
+}
+
+// A label that no connected worker's backend lists (a misspelt model name, say) is
+// answered 503 at once, not held until its deadline.
+func TestLabelNoWorkerCanLoadAnswers503(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	w := b.dialHello(&pb.Hello{ProtocolVersion: frame.ProtocolVersion, WorkerId: "w1", MaxLabels: 2, Slots: 1, LoadableLabels: []string{"resnet50"}})
+	code, out := b.post("/run-task", `{"task_id":"nl-1","task_type":"x","label":"resnet-50"}`)
+	if msg, _ := out["error"].(string); code != 503 || !strings.Contains(msg, `no connected worker can load label "resnet-50"`) {
+		t.Fatalf("task for a label no worker can load: %d %v", code, out)
+	}
+	ans := b.postAsync(`{"task_id":"nl-2","task_type":"x","label":"resnet50"}`)
+	a := w.assignment()
+	w.finish(a, true, `"ok"`)
+	if got := <-ans; got.status != 200 {
+		t.Fatalf("task for the label the worker can load: %v", got)
 	}
 }

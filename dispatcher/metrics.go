@@ -23,16 +23,17 @@ const scheduleSampleEvery = 8
 type failReason uint8
 
 const (
-	failDeadline     failReason = iota // deadline passed, queued or running (504)
-	failWorkerError                    // the worker ran the task and reported an error (502)
-	failWorkersLost                    // the task's workers were lost MaxAttempts times (503)
-	failShutdown                       // the dispatcher shut down before the task finished (503)
-	failLoad                           // the label failed to load on every worker tried (502)
-	failLabelFailing                   // the label is marked failing (503)
+	failDeadline        failReason = iota // deadline passed, queued or running (504)
+	failWorkerError                       // the worker ran the task and reported an error (502)
+	failWorkersLost                       // the task's workers were lost MaxAttempts times (503)
+	failShutdown                          // the dispatcher shut down before the task finished (503)
+	failLoad                              // the label failed to load on every worker tried (502)
+	failLabelFailing                      // the label is marked failing (503)
+	failNoWorkerCanLoad                   // no connected worker can load the label (503)
 	numFailReasons
 )
 
-var failReasonNames = [numFailReasons]string{"deadline", "worker_error", "workers_lost", "shutdown", "load_failed", "label_failing"}
+var failReasonNames = [numFailReasons]string{"deadline", "worker_error", "workers_lost", "shutdown", "load_failed", "label_failing", "no_worker_can_load"}
 
 // failReasonOf maps a scheduler failure to its metric reason.
 func failReasonOf(r scheduler.FailReason) failReason {
@@ -43,6 +44,8 @@ func failReasonOf(r scheduler.FailReason) failReason {
 		return failLoad
 	case scheduler.FailLabelFailing:
 		return failLabelFailing
+	case scheduler.FailNoWorkerCanLoad:
+		return failNoWorkerCanLoad
 	}
 	return failDeadline
 }

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -109,6 +110,18 @@ func check(t *testing.T, s *Scheduler) {
 			t.Fatalf("heap %d: idx %d state %d", i, d.heapIdx, d.state)
 		}
 	}
+	anyLabel, loadableBy := 0, map[string]int{}
+	for _, w := range s.workers {
+		if w.loadable == nil {
+			anyLabel++
+		}
+		for l := range w.loadable {
+			loadableBy[l]++
+		}
+	}
+	if anyLabel != s.anyLabel || !maps.Equal(loadableBy, s.loadableBy) {
+		t.Fatalf("loadable counts: %d any-label workers and %v, want %d and %v", s.anyLabel, s.loadableBy, anyLabel, loadableBy)
+	}
 }
 
 func TestRandomOperationsKeepIndexesTrue(t *testing.T) {
@@ -125,7 +138,11 @@ func TestRandomOperationsKeepIndexesTrue(t *testing.T) {
 					for k := r.IntN(3); k > 0; k-- {
 						ls = append(ls, fmt.Sprintf("L%d", r.IntN(6)))
 					}
-					b.s.AddWorker(WorkerSpec{ID: id, MaxLabels: 1 + r.IntN(2), Slots: 1 + r.IntN(2), Labels: ls})
+					var loadable []string // a backend that lists what it can load, now and then
+					if r.IntN(3) == 0 {
+						loadable = append(ls, fmt.Sprintf("L%d", r.IntN(6)))
+					}
+					b.s.AddWorker(WorkerSpec{ID: id, MaxLabels: 1 + r.IntN(2), Slots: 1 + r.IntN(2), Labels: ls, Loadable: loadable})
 				case 1:
 					b.s.RemoveWorker(fmt.Sprintf("w%d", r.IntN(5)))
 				case 2, 3, 4:

@@ -129,6 +129,9 @@ const (
 	FailLoad
 	// FailLabelFailing: the task's label is marked failing (see LabelFailureThreshold).
 	FailLabelFailing
+	// FailNoWorkerCanLoad: workers are connected, and none of them can load the
+	// task's label (their backends list what they can load, and it is not there).
+	FailNoWorkerCanLoad
 )
 
 func (r FailReason) String() string {
@@ -141,6 +144,8 @@ func (r FailReason) String() string {
 		return "label failed to load on every worker tried"
 	case FailLabelFailing:
 		return "label is failing to load"
+	case FailNoWorkerCanLoad:
+		return "no connected worker can load the label"
 	}
 	return "unknown"
 }
@@ -207,6 +212,12 @@ type Scheduler struct {
 	// failing tracks labels whose loads failed recently (see labelhealth.go).
 	failing map[string]*labelFailures
 
+	// anyLabel counts the workers that can load any label; loadableBy counts, per
+	// label, the other workers whose backends list it. Submit fails a task no
+	// connected worker can ever take rather than hold it until its deadline.
+	anyLabel   int
+	loadableBy map[string]int
+
 	// Recycled records: labels come and go with every load on a large label set, and
 	// reusing their records keeps the load path free of allocations.
 	spareLabels []*labelState
@@ -230,6 +241,8 @@ func New(cfg Config, clock Clock) (*Scheduler, error) {
 		labels:  make(map[string]*labelState),
 		failing: make(map[string]*labelFailures),
 		queue:   taskList{on: globalLinks},
+
+		loadableBy: make(map[string]int),
 	}, nil
 }
 
@@ -278,6 +291,7 @@ func (s *Scheduler) AddWorker(spec WorkerSpec) (*Outcome, error) {
 		}
 	}
 	s.workers[spec.ID] = w
+	s.countLoadable(w, 1)
 	labels := spec.Labels
 	if len(labels) > w.capacity {
 		labels = labels[len(labels)-w.capacity:]
@@ -305,6 +319,7 @@ func (s *Scheduler) RemoveWorker(id string) (*Outcome, error) {
 		s.dropHeld(w, len(w.held)-1)
 	}
 	delete(s.workers, id)
+	s.countLoadable(w, -1)
 	lost := w.running
 	w.running = nil
 	// Requeue newest first so that, pushed to the front one by one, the oldest ends first.
@@ -379,10 +394,40 @@ func (s *Scheduler) Submit(t *Task) (*Outcome, error) {
 		out.Failed = append(out.Failed, Failure{Task: t, Reason: FailLabelFailing, LoadError: lf.lastError})
 		return out, nil
 	}
+	if !s.someWorkerCanLoad(t.Label) {
+		t.state = stateDone
+		out.Failed = append(out.Failed, Failure{Task: t, Reason: FailNoWorkerCanLoad})
+		return out, nil
+	}
 	if !s.place(t) {
 		s.enqueue(t, false)
 	}
 	return out, nil
+}
+
+// countLoadable adds (delta 1) or removes (-1) w's backend's labels from the counts
+// someWorkerCanLoad reads.
+func (s *Scheduler) countLoadable(w *worker, delta int) {
+	if w.loadable == nil {
+		s.anyLabel += delta
+		return
+	}
+	for l := range w.loadable {
+		if s.loadableBy[l] += delta; s.loadableBy[l] == 0 {
+			delete(s.loadableBy, l)
+		}
+	}
+}
+
+// someWorkerCanLoad reports whether a connected worker can load label, or holds it.
+// With no worker connected it is true: workers may yet connect (a fresh start, a
+// scale-up), and the task waits for them within its deadline.
+func (s *Scheduler) someWorkerCanLoad(label string) bool {
+	if len(s.workers) == 0 || s.anyLabel > 0 || s.loadableBy[label] > 0 {
+		return true
+	}
+	ls := s.labels[label]
+	return ls != nil && ls.holders > 0
 }
 
 // Observation is what a finished task teaches the scheduler about its label.

@@ -366,6 +366,43 @@ func TestLabelEvents(t *testing.T) {
 	}
 }
 
+// A label no connected worker's backend lists fails at once; with no worker connected,
+// or once a worker that can load it is, the task waits as usual.
+func TestNoWorkerCanLoadFailsAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	waiting := b.task("X")
+	none(t, b.submit(waiting)) // no worker yet: it waits
+	if _, err := b.s.AddWorker(WorkerSpec{ID: "w1", MaxLabels: 2, Slots: 1, Loadable: []string{"X", "Y"}}); err != nil {
+		t.Fatal(err)
+	}
+	if !waiting.Running() {
+		t.Fatal("the waiting task did not go to the worker that can load it")
+	}
+	typo := b.task("x-typo")
+	out, _ := b.s.Submit(typo)
+	if len(out.Failed) != 1 || out.Failed[0].Reason != FailNoWorkerCanLoad || len(out.Assigned) != 0 || typo.Queued() {
+		t.Fatalf("task for a label no worker can load: %+v", out)
+	}
+	if out, _ := b.s.Submit(b.task("Y")); len(out.Failed) != 0 {
+		t.Fatalf("task for a loadable label failed: %+v", out.Failed)
+	}
+	// A worker that loads anything makes every label possible, until it goes.
+	if _, err := b.s.AddWorker(WorkerSpec{ID: "any", MaxLabels: 1, Slots: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if out, _ := b.s.Submit(b.task("x-typo")); len(out.Failed) != 0 {
+		t.Fatalf("failed with a worker that loads any label: %+v", out.Failed)
+	}
+	if _, err := b.s.RemoveWorker("any"); err != nil {
+		t.Fatal(err)
+	}
+	if out, _ := b.s.Submit(b.task("z-typo")); len(out.Failed) != 1 || out.Failed[0].Reason != FailNoWorkerCanLoad {
+		t.Fatalf("after the any-label worker left: %+v", out)
+	}
+	check(t, b.s)
+}
+
 func TestUnavailableWorkerTakesNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t, Config{})
