@@ -139,7 +139,9 @@ func (d *Dispatcher) authorize(next echo.HandlerFunc) echo.HandlerFunc {
 			}
 			c.Set(workerCredentialKey, h)
 			return next(c)
-		case "/run-task", "/tasks/:id", "/upload-model":
+		case "/run-task", "/tasks/:id", "/upload-model", "/workers/:id/drain":
+			// Draining a worker changes the fleet: with API keys it needs one, whatever
+			// --ops-auth says of the read-only ops routes.
 			producer = true
 		default:
 			producer = d.cfg.OpsAuth

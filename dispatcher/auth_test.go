@@ -185,6 +185,13 @@ func TestOpsAuth(t *testing.T) {
 	if code, _, _ := open.send("POST", "/run-task", `{"task_type":"x","label":"m"}`); code != 401 {
 		t.Fatalf("/run-task without a key: %d", code)
 	}
+	// Draining changes the fleet: it needs a key whatever OpsAuth says.
+	if code, _, _ := open.send("POST", "/workers/w1/drain", ""); code != 401 {
+		t.Fatalf("drain without a key: %d", code)
+	}
+	if code, _, v := open.send("POST", "/workers/w1/drain", "", "X-API-Key", testAPIKey); code != 404 {
+		t.Fatalf("drain of an unknown worker with the key: %d %v", code, v)
+	}
 	open.untouched()
 }
 

@@ -129,6 +129,7 @@ func (d *Dispatcher) routes() *echo.Echo {
 	e.GET("/tasks/:id", d.getTask)
 	e.GET("/health", func(c echo.Context) error { return c.JSON(http.StatusOK, map[string]string{"message": "OK"}) })
 	e.GET("/workers", d.getWorkers)
+	e.POST("/workers/:id/drain", d.drainWorker)
 	e.GET("/labels", func(c echo.Context) error { return c.JSON(http.StatusOK, d.hub.labelHolders()) })
 	e.POST("/upload-model", d.uploadModel)
 	e.GET("/worker-listen", d.serveWorker)
@@ -226,6 +227,21 @@ func (d *Dispatcher) getWorkers(c echo.Context) error {
 		return c.JSON(http.StatusOK, map[string]any{"workers": d.hub.workerDetails()})
 	}
 	return c.JSON(http.StatusOK, map[string][]string{"workers": d.hub.workerIDs()})
+}
+
+// drainWorker asks a connected worker to finish its tasks and take no new ones; the
+// agent then closes its connection (and, as a pod, exits to be replaced).
+func (d *Dispatcher) drainWorker(c echo.Context) error {
+	id := c.Param("id")
+	reason := c.QueryParam("reason")
+	if reason == "" {
+		reason = "drain requested through the dispatcher's API"
+	}
+	if !d.hub.drain(id, reason) {
+		return c.JSON(http.StatusNotFound, errorBody{fmt.Sprintf("worker %q is not connected", id)})
+	}
+	d.log.Info().Str("worker_id", id).Str("reason", reason).Msg("worker asked to drain")
+	return c.JSON(http.StatusAccepted, map[string]any{"worker_id": id, "draining": true})
 }
 
 func (d *Dispatcher) uploadModel(c echo.Context) error {
@@ -350,6 +366,14 @@ func (d *Dispatcher) shutdown(srv *http.Server) error {
 		}
 		if kept > 0 {
 			d.log.Info().Int("tasks", kept).Msg("shutdown timeout: unfinished asynchronous tasks stay in the journal for the next start")
+		}
+		// Let the Cancel frames of those tasks' attempts out before the close frames.
+		flushBy := time.After(time.Second)
+		for _, wc := range d.hub.connections() {
+			select {
+			case <-wc.flushed():
+			case <-flushBy:
+			}
 		}
 	}
 	conns := d.hub.closeWorkers(&Disconnect{Code: pb.CloseCode_CLOSE_CODE_SHUTDOWN, Reason: "dispatcher shutting down"})

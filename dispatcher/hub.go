@@ -523,6 +523,33 @@ func (h *hub) onLabelEvent(wc *workerConn, ev *pb.LabelEvent) {
 	}
 }
 
+// sendControl encodes a control frame (Cancel, Drain) and queues it for wc.
+func (h *hub) sendControl(wc *workerConn, env *pb.Envelope) {
+	b, err := frame.Encode(nil, env)
+	if err != nil {
+		h.log.Error().Err(err).Str("worker_id", wc.id).Msg("encode control frame")
+		return
+	}
+	wc.send(b)
+}
+
+// drain asks a worker to stop taking tasks and finish those it runs; it reports false
+// for a worker that is not connected. The worker leaves the routing at once rather
+// than when its status frame comes back, so that nothing new is sent its way.
+func (h *hub) drain(workerID, reason string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	wc := h.workers[workerID]
+	if wc == nil {
+		return false
+	}
+	if out, err := h.sched.SetAccepting(workerID, false); err == nil {
+		h.apply(out)
+	}
+	h.sendControl(wc, &pb.Envelope{Body: &pb.Envelope_Drain{Drain: &pb.Drain{Reason: reason}}})
+	return true
+}
+
 func (h *hub) onStatus(wc *workerConn, st *pb.WorkerStatus) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -637,8 +664,14 @@ func (h *hub) failAll(reason string) (failed, kept int) {
 	defer h.mu.Unlock()
 	for _, rec := range h.active {
 		// Let go of the task first, so that no later event re-assigns an answered task.
-		if !h.sched.Cancel(&rec.sched) {
-			h.sched.Abandon(&rec.sched)
+		workerID := rec.sched.WorkerID()
+		if !h.sched.Cancel(&rec.sched) && h.sched.Abandon(&rec.sched) {
+			// Its worker would run it to the end for nobody: the answer is given here,
+			// or the journal runs it again at the next start.
+			if wc := h.workers[workerID]; wc != nil {
+				h.sendControl(wc, &pb.Envelope{Body: &pb.Envelope_Cancel{Cancel: &pb.Cancel{
+					TaskId: rec.sched.ID, Attempt: uint32(rec.sched.Attempt), Reason: reason}}})
+			}
 		}
 		if rec.journaled {
 			h.releaseLocked(rec) // the journal holds it: the next start runs it

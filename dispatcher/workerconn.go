@@ -57,6 +57,7 @@ type workerConn struct {
 	pendingMu    sync.Mutex
 	pending      [][]byte
 	flushing     bool
+	flushedCh    chan struct{} // closed when the flusher next finds the queue empty; made on demand
 	maxQueued    int
 	writeTimeout time.Duration
 
@@ -108,6 +109,10 @@ func (wc *workerConn) flush() {
 		wc.pending = nil
 		if len(batch) == 0 || wc.isClosing() {
 			wc.flushing = false
+			if wc.flushedCh != nil {
+				close(wc.flushedCh)
+				wc.flushedCh = nil
+			}
 			wc.pendingMu.Unlock()
 			return
 		}
@@ -129,6 +134,20 @@ func (wc *workerConn) flush() {
 			wc.close(&Disconnect{Code: pb.CloseCode_CLOSE_CODE_UNSPECIFIED, Reason: "write: " + err.Error()})
 		}
 	}
+}
+
+// flushed returns a channel that is closed once the frames queued so far are written
+// (or the connection is closing and will write no more).
+func (wc *workerConn) flushed() <-chan struct{} {
+	wc.pendingMu.Lock()
+	defer wc.pendingMu.Unlock()
+	if !wc.flushing {
+		return closedChan
+	}
+	if wc.flushedCh == nil {
+		wc.flushedCh = make(chan struct{})
+	}
+	return wc.flushedCh
 }
 
 // batchingHijacker hands the upgrader a BatchConn around the hijacked socket.

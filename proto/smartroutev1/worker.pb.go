@@ -91,7 +91,8 @@ const (
 	CloseCode_CLOSE_CODE_SLOW_WORKER CloseCode = 4003
 	// Give up: a newer connection with the same worker id took this one's place.
 	CloseCode_CLOSE_CODE_REPLACED CloseCode = 4004
-	// Give up: the worker's credentials were refused.
+	// Back off, then reconnect: the worker's credentials were refused (a token revoked);
+	// an operator may fix the token file and reload the dispatcher.
 	CloseCode_CLOSE_CODE_UNAUTHORIZED CloseCode = 4005
 	// Back off, then reconnect: the hello did not arrive in time.
 	CloseCode_CLOSE_CODE_HELLO_TIMEOUT CloseCode = 4006
