@@ -1,9 +1,6 @@
 package dispatcher
 
 import (
-	"context"
-	"net"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -41,15 +38,7 @@ func TestDrainWorker(t *testing.T) {
 // before the close frame: otherwise they would run to the end for nobody.
 func TestShutdownTimeoutCancelsRunningAttempts(t *testing.T) {
 	t.Parallel()
-	d, err := New(Config{Addr: "127.0.0.1:0", ShutdownTimeout: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan net.Addr, 1)
-	runErr := make(chan error, 1)
-	go func() { runErr <- d.Run(ctx, ready) }()
-	b := &bundle{t: t, d: d, srv: &httptest.Server{URL: "http://" + (<-ready).String()}}
+	b, cancel, runErr := run(t, Config{ShutdownTimeout: 100 * time.Millisecond})
 	w := b.dial("w1", "m")
 	ans := b.postAsync(`{"task_id":"sc-1","task_type":"x","label":"m"}`)
 	a := w.assignment()

@@ -461,18 +461,26 @@ func TestSlowWorkerIsCutOff(t *testing.T) {
 	_ = w
 }
 
-func TestShutdownAnswersAndClosesWorkers(t *testing.T) {
-	t.Parallel()
-	d, err := New(Config{Addr: "127.0.0.1:0", ShutdownTimeout: 5 * time.Second})
+// run starts a dispatcher through Run, as the command does, on a free port. cancel
+// stands for SIGTERM; Run's error arrives on runErr.
+func run(t *testing.T, cfg Config) (b *bundle, cancel context.CancelFunc, runErr <-chan error) {
+	t.Helper()
+	cfg.Addr = "127.0.0.1:0"
+	d, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan net.Addr, 1)
-	runErr := make(chan error, 1)
-	go func() { runErr <- d.Run(ctx, ready) }()
-	addr := (<-ready).String()
-	b := &bundle{t: t, d: d, srv: &httptest.Server{URL: "http://" + addr}}
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx, ready) }()
+	b = &bundle{t: t, d: d, srv: &httptest.Server{URL: "http://" + (<-ready).String()}}
+	return b, cancel, done
+}
+
+func TestShutdownAnswersAndClosesWorkers(t *testing.T) {
+	t.Parallel()
+	b, cancel, runErr := run(t, Config{ShutdownTimeout: 5 * time.Second})
 	w := b.dial("w1", "m")
 	ans := b.postAsync(`{"task_type":"x","label":"m"}`)
 	a := w.assignment()

@@ -2,9 +2,7 @@ package dispatcher
 
 import (
 	"bytes"
-	"context"
 	"fmt"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -95,15 +93,7 @@ func TestTotalQueueLimit(t *testing.T) {
 func TestDevelopmentModeWarnsAtStart(t *testing.T) {
 	t.Parallel()
 	var logs bytes.Buffer
-	d, err := New(Config{Addr: "127.0.0.1:0", Logger: zerolog.New(&logs)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan net.Addr, 1)
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx, ready) }()
-	<-ready
+	_, cancel, done := run(t, Config{Logger: zerolog.New(&logs)})
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
