@@ -482,7 +482,7 @@ func (h *hub) onResult(wc *workerConn, res *pb.TaskResult) {
 	loadTime := time.Duration(res.GetLoadDurationUs()) * time.Microsecond
 	runTime := time.Duration(res.GetRunDurationUs()) * time.Microsecond
 	start := h.met.scheduleStart()
-	out, err := h.sched.Complete(wc.id, &rec.sched, scheduler.Observation{Loaded: res.GetLabelMiss(), LoadTime: loadTime, RunTime: runTime})
+	out, err := h.sched.Complete(wc.id, &rec.sched, scheduler.Observation{Loaded: res.GetLabelMiss(), LoadTime: loadTime, RunTime: runTime, Failed: !res.GetOk()})
 	h.met.scheduled(start)
 	if err != nil {
 		h.log.Error().Err(err).Str("worker_id", wc.id).Str("task_id", res.GetTaskId()).Msg("complete")
@@ -513,6 +513,8 @@ func (h *hub) onLabelEvent(wc *workerConn, ev *pb.LabelEvent) {
 		return
 	}
 	switch ev.GetKind() {
+	case pb.LabelEvent_KIND_LOADING:
+		h.sched.LabelLoading(wc.id, ev.GetLabel())
 	case pb.LabelEvent_KIND_LOADED:
 		h.apply(h.sched.LabelLoaded(wc.id, ev.GetLabel()))
 	case pb.LabelEvent_KIND_EVICTED, pb.LabelEvent_KIND_LOAD_FAILED:

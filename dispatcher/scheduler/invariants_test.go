@@ -161,7 +161,7 @@ func TestRandomOperationsKeepIndexesTrue(t *testing.T) {
 							case 1:
 								b.s.LoadFailed(tk.WorkerID(), tk, "no memory", r.IntN(2) == 0)
 							default:
-								b.s.Complete(tk.WorkerID(), tk, Observation{Loaded: r.IntN(2) == 0, LoadTime: 400 * time.Millisecond, RunTime: time.Duration(r.IntN(200)) * time.Millisecond})
+								b.s.Complete(tk.WorkerID(), tk, Observation{Loaded: r.IntN(2) == 0, LoadTime: 400 * time.Millisecond, RunTime: time.Duration(r.IntN(200)) * time.Millisecond, Failed: r.IntN(4) == 0})
 							}
 							break
 						}
@@ -169,9 +169,12 @@ func TestRandomOperationsKeepIndexesTrue(t *testing.T) {
 				case 7:
 					b.s.SetAccepting(fmt.Sprintf("w%d", r.IntN(5)), r.IntN(3) != 0)
 				case 8:
-					if r.IntN(2) == 0 {
+					switch r.IntN(3) {
+					case 0:
 						b.s.LabelLoaded(fmt.Sprintf("w%d", r.IntN(5)), fmt.Sprintf("L%d", r.IntN(6)))
-					} else {
+					case 1:
+						b.s.LabelLoading(fmt.Sprintf("w%d", r.IntN(5)), fmt.Sprintf("L%d", r.IntN(6)))
+					default:
 						b.s.LabelGone(fmt.Sprintf("w%d", r.IntN(5)), fmt.Sprintf("L%d", r.IntN(6)))
 					}
 				case 9:
@@ -300,6 +303,59 @@ func TestRegressionStaleEvictionDropsReloadedLabel(t *testing.T) {
 		t.Fatalf("w1 holds %s in the scheduler's view; the worker holds A and B", got)
 	}
 	check(t, b.s)
+}
+
+// An attempt assigned to load a label that ended before the load started (its deadline
+// passed on the way, or the worker refused it) left the copy "pending" for good: the
+// scheduler believed the worker held a label it never loaded.
+func TestRegressionUnstartedLoadLeftAPhantomCopy(t *testing.T) {
+	b := setup(t, Config{})
+	b.worker("w1", 1, 1, "A")
+	b.clock.advance(10 * time.Second) // past the churn guard
+	labels := func() string { v, _ := b.s.Worker("w1"); return fmt.Sprint(v.Labels) }
+
+	t1 := b.task("B")
+	if a := one(t, b.submit(t1)); !a.Load || a.EvictLabel != "A" {
+		t.Fatalf("want B loaded in place of A, got %+v", a)
+	}
+	if _, err := b.s.Complete("w1", t1, Observation{Failed: true}); err != nil { // over before it began
+		t.Fatal(err)
+	}
+	if got := labels(); got != "[]" {
+		t.Fatalf("after an attempt that never started its load, w1 holds %s", got)
+	}
+	b.s.LabelLoaded("w1", "A") // the agent says it kept A
+	if got := labels(); got != "[A]" {
+		t.Fatalf("after the agent confirmed A, w1 holds %s", got)
+	}
+
+	// A load that did start (LOADING) stays counted when the attempt fails: another
+	// attempt may be waiting for it, and LOADED or LOAD_FAILED will settle it.
+	t2 := b.task("B")
+	one(t, b.submit(t2))
+	b.s.LabelLoading("w1", "B")
+	if _, err := b.s.Complete("w1", t2, Observation{Failed: true}); err != nil {
+		t.Fatal(err)
+	}
+	if got := labels(); got != "[B]" {
+		t.Fatalf("after a failed attempt whose load had started, w1 holds %s", got)
+	}
+
+	// A refusal is an attempt that never started.
+	b2 := setup(t, Config{})
+	b2.worker("w1", 2, 1)
+	t3 := b2.task("C")
+	if a := one(t, b2.submit(t3)); !a.Load {
+		t.Fatalf("want a load, got %+v", a)
+	}
+	if _, err := b2.s.Requeue("w1", t3); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := b2.s.Worker("w1"); len(v.Labels) != 0 {
+		t.Fatalf("after a refused load, w1 holds %v", v.Labels)
+	}
+	check(t, b.s)
+	check(t, b2.s)
 }
 
 // Rule 4 returns the aged head even when the worker cannot load it, and fill stops

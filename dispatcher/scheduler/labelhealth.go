@@ -30,7 +30,7 @@ func (s *Scheduler) LoadFailed(workerID string, t *Task, loadError string, start
 	if err != nil {
 		return out, err
 	}
-	s.takeBack(w, i, t)
+	s.takeBack(w, i, t, false) // the label is dropped or doomed below
 	t.excluded = append(t.excluded, workerID)
 	// The worker does not hold the label, whether or not its LabelGone came first.
 	if i := w.find(t.Label); i >= 0 {

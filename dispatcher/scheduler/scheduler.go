@@ -436,6 +436,10 @@ type Observation struct {
 	Loaded   bool
 	LoadTime time.Duration
 	RunTime  time.Duration
+	// Failed is true when the attempt did not succeed. With Loaded false it may have
+	// ended before its label was loaded (its deadline passed first, say), so a load the
+	// scheduler counted on may never have started.
+	Failed bool
 }
 
 // Complete records that a task attempt ended on a worker (well or not) and lets the
@@ -457,18 +461,26 @@ func (s *Scheduler) Complete(workerID string, t *Task, obs Observation) (*Outcom
 			h.runEst = ewma(h.runEst, obs.RunTime)
 		}
 	}
-	s.release(w, t.Label, obs.Loaded)
+	s.release(w, t.Label, obs.Loaded, obs.Failed && !obs.Loaded)
 	s.fill(w)
 	return out, nil
 }
 
 // release ends one task's use of a label on w: a doomed label goes with its last task.
-func (s *Scheduler) release(w *worker, label string, loaded bool) {
+// unstarted says the attempt ended without its label loaded for it (refused, or over
+// before it began).
+func (s *Scheduler) release(w *worker, label string, loaded, unstarted bool) {
 	if i := w.find(label); i >= 0 {
 		h := w.held[i]
 		h.inUse--
 		if loaded {
 			h.pending = false
+		}
+		if unstarted && h.pending && !h.loading {
+			// The load this copy was assigned for has not started (no LOADING event),
+			// and the attempt that ended did not start it: the worker does not hold the
+			// label. Another attempt may still load it; LOADED then revives the copy.
+			s.doom(w, h)
 		}
 		if h.doomed && h.inUse == 0 {
 			s.dropHeld(w, i)
@@ -502,9 +514,9 @@ func (w *worker) unrun(i int, t *Task) {
 
 // takeBack removes a running task, at index i of w.running, from its worker without
 // refilling the worker.
-func (s *Scheduler) takeBack(w *worker, i int, t *Task) {
+func (s *Scheduler) takeBack(w *worker, i int, t *Task, unstarted bool) {
 	w.unrun(i, t)
-	s.release(w, t.Label, false)
+	s.release(w, t.Label, false, unstarted)
 }
 
 // Abandon forgets a running task whose answer the owner gave without the worker (a
@@ -515,7 +527,7 @@ func (s *Scheduler) Abandon(t *Task) bool {
 	}
 	w := t.worker
 	if i := w.runningIndex(t); i >= 0 {
-		s.takeBack(w, i, t)
+		s.takeBack(w, i, t, false) // what the worker does with it is unknown
 	}
 	t.state = stateDone
 	return true
@@ -531,7 +543,7 @@ func (s *Scheduler) Requeue(workerID string, t *Task) (*Outcome, error) {
 	if err != nil {
 		return out, err
 	}
-	s.takeBack(w, i, t)
+	s.takeBack(w, i, t, true)
 	if t.Attempt >= s.cfg.MaxAttempts {
 		t.state = stateDone
 		out.Failed = append(out.Failed, Failure{Task: t, Reason: FailAttempts})
@@ -613,6 +625,16 @@ func (s *Scheduler) LabelLoaded(workerID, label string) *Outcome {
 	s.refreshFree(w)
 	s.fill(w)
 	return out
+}
+
+// LabelLoading records that a worker started loading a label (a LOADING event): a copy
+// waiting for its load is then not taken for one whose load never started.
+func (s *Scheduler) LabelLoading(workerID, label string) {
+	if w, ok := s.workers[workerID]; ok {
+		if i := w.find(label); i >= 0 {
+			w.held[i].loading = true
+		}
+	}
 }
 
 // LabelGone records that a worker no longer holds a label (evicted on its own, or a

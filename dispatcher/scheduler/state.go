@@ -136,6 +136,8 @@ type heldLabel struct {
 	// result: it already counts as held, so a burst of tasks does not start a load on
 	// every worker.
 	pending bool
+	// loading is true once the worker said it started the load a pending copy waits for.
+	loading bool
 	// idlePos and allPos are the worker's positions in state.idle and state.all, -1
 	// when absent.
 	idlePos, allPos int
