@@ -146,6 +146,16 @@ func (m *labelManager) held() []string {
 	return m.recency.Keys()
 }
 
+// confirmHeld sends a LOADED event for label if it is loaded: a correction for a
+// dispatcher that believes it gone.
+func (m *labelManager) confirmHeld(label string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if e := m.entries[label]; e != nil && e.loaded {
+		m.emit(&pb.LabelEvent{Kind: pb.LabelEvent_KIND_LOADED, Label: label})
+	}
+}
+
 // wait blocks until every load and unload started so far has ended.
 func (m *labelManager) wait() { m.loads.Wait() }
 

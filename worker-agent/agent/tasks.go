@@ -197,6 +197,19 @@ func (a *agent) assign(s *session, asg *pb.TaskAssignment) {
 	}
 	a.mu.Unlock()
 	a.finish(s, asg, received, outcome{err: errors.New(refusal), refused: refused})
+	a.confirmKept(asg, "")
+}
+
+// confirmKept tells the dispatcher, after an attempt's result, that the label its
+// assignment named for eviction is still loaded. The dispatcher drops that label from
+// its view when it assigns; an attempt that never started its load (refused, over
+// before it began), found room, or had to evict another label leaves it here. After
+// the result, so that the dispatcher has first let go of a load that did not happen
+// and has room in its view for the label again.
+func (a *agent) confirmKept(asg *pb.TaskAssignment, evicted string) {
+	if v := asg.GetEvictLabel(); v != "" && v != evicted {
+		a.labels.confirmHeld(v)
+	}
 }
 
 // taskJob is an accepted attempt on its way to a runner goroutine.
@@ -275,6 +288,7 @@ func (a *agent) runTask(ctx context.Context, s *session, asg *pb.TaskAssignment,
 	// the moment it reads this result.
 	a.releaseSlot(key)
 	a.finish(s, asg, received, o)
+	a.confirmKept(asg, o.label.evicted)
 }
 
 // releaseSlot gives back the session slot an attempt holds.

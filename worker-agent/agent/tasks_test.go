@@ -415,6 +415,39 @@ func TestAssignmentBeyondSlotsFailsFast(t *testing.T) {
 	}
 }
 
+// An attempt that leaves loaded the label its assignment named for eviction says so
+// after its result: the dispatcher dropped that label from its view when it assigned.
+func TestKeptEvictionIsConfirmed(t *testing.T) {
+	t.Parallel()
+	h := setup(t, withConfig(func(c *agent.Config) { c.MaxLabels = 1 }))
+	p := h.connect()
+	if r := p.run("t1", "a", ""); !r.GetOk() || !r.GetLabelMiss() {
+		t.Fatalf("t1: %v", r)
+	}
+	// Over before it began: no load, no eviction.
+	p.assign(&pb.TaskAssignment{TaskId: "late", Label: "b", EvictLabel: "a", DeadlineUnixMs: time.Now().Add(-time.Second).UnixMilli()})
+	if r := p.result(); r.GetTaskId() != "late" || !r.GetDeadlineExceeded() {
+		t.Fatalf("late: %v", r)
+	}
+	p.events = nil
+	if ev := p.read().GetLabelEvent(); ev.GetKind() != pb.LabelEvent_KIND_LOADED || ev.GetLabel() != "a" {
+		t.Fatalf("after the result, want LOADED a, got %v", ev)
+	}
+	// An eviction that happened as assigned needs no word beyond its EVICTED event.
+	if r := p.run("t2", "b", "a"); !r.GetOk() || r.GetEvictedLabel() != "a" {
+		t.Fatalf("t2: %v", r)
+	}
+	if r := p.run("t3", "b", ""); !r.GetOk() {
+		t.Fatalf("t3: %v", r)
+	}
+	if got := strings.Join(p.eventKinds(), ", "); got != "EVICTED a, LOADING b, LOADED b" {
+		t.Fatalf("events %s", got)
+	}
+	if err := h.stop(p); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+}
+
 func TestRefusedAssignments(t *testing.T) {
 	t.Parallel()
 	h := setup(t, withConfig(func(c *agent.Config) { c.Labels = []string{"a"} }))
