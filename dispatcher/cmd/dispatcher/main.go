@@ -81,6 +81,9 @@ func run(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if fs.NArg() > 0 { // a flag written without its dashes, say: never ignore it
+		return fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
 	gcGiven := os.Getenv(envName("gc-percent")) != "" || given(fs, "gc-percent")
 	if err := fromEnv(fs); err != nil {
 		return err

@@ -68,3 +68,12 @@ func TestHelpExitsZeroAndNamesEnvVars(t *testing.T) {
 		t.Errorf("usage reports --help as an error:\n%s", out)
 	}
 }
+
+// A stray argument (a flag without its dashes) stops the start instead of being
+// ignored, as in the other commands.
+func TestUnexpectedArgumentsRefused(t *testing.T) {
+	err := run([]string{"--addr", "127.0.0.1:0", "random-dispatch"})
+	if err == nil || !strings.Contains(err.Error(), `unexpected arguments: ["random-dispatch"]`) {
+		t.Fatalf("run with a stray argument: %v", err)
+	}
+}
