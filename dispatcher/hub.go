@@ -469,8 +469,7 @@ func (h *hub) onResult(wc *workerConn, res *pb.TaskResult) {
 		return
 	}
 	if res.GetLoadFailed() {
-		// label_miss marks the attempt that started the load; the others joined it.
-		out, err := h.sched.LoadFailed(wc.id, &rec.sched, res.GetError(), res.GetLabelMiss())
+		out, err := h.sched.LoadFailed(wc.id, &rec.sched, res.GetError())
 		if err != nil {
 			h.log.Error().Err(err).Str("worker_id", wc.id).Str("task_id", res.GetTaskId()).Msg("load failed")
 			return
@@ -517,10 +516,11 @@ func (h *hub) onLabelEvent(wc *workerConn, ev *pb.LabelEvent) {
 		h.sched.LabelLoading(wc.id, ev.GetLabel())
 	case pb.LabelEvent_KIND_LOADED:
 		h.apply(h.sched.LabelLoaded(wc.id, ev.GetLabel()))
-	case pb.LabelEvent_KIND_EVICTED, pb.LabelEvent_KIND_LOAD_FAILED:
-		if ev.GetKind() == pb.LabelEvent_KIND_EVICTED {
-			h.met.label(ev.GetLabel()).evictions.Inc()
-		}
+	case pb.LabelEvent_KIND_LOAD_FAILED:
+		// One event per failed load: it counts toward the label's failure threshold.
+		h.apply(h.sched.LabelLoadFailed(wc.id, ev.GetLabel(), ev.GetError()))
+	case pb.LabelEvent_KIND_EVICTED:
+		h.met.label(ev.GetLabel()).evictions.Inc()
 		h.apply(h.sched.LabelGone(wc.id, ev.GetLabel()))
 	}
 }

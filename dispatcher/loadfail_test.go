@@ -85,10 +85,11 @@ func TestLoadFailureRunsElsewhereThenLabelFailsFast(t *testing.T) {
 }
 
 // A label that no connected worker's backend lists (a misspelt model name, say) is
-// answered 503 at once, not held until its deadline.
+// answered 503 at once, not held until its deadline (once the fleet has settled: a
+// nanosecond here).
 func TestLabelNoWorkerCanLoadAnswers503(t *testing.T) {
 	t.Parallel()
-	b := setup(t, Config{})
+	b := setup(t, Config{Scheduler: scheduler.Config{FleetSettle: time.Nanosecond}})
 	w := b.dialHello(&pb.Hello{ProtocolVersion: frame.ProtocolVersion, WorkerId: "w1", MaxLabels: 2, Slots: 1, LoadableLabels: []string{"resnet50"}})
 	code, out := b.post("/run-task", `{"task_id":"nl-1","task_type":"x","label":"resnet-50"}`)
 	if msg, _ := out["error"].(string); code != 503 || !strings.Contains(msg, `no connected worker can load label "resnet-50"`) {

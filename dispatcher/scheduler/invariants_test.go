@@ -159,7 +159,10 @@ func TestRandomOperationsKeepIndexesTrue(t *testing.T) {
 							case 0:
 								b.s.Requeue(tk.WorkerID(), tk)
 							case 1:
-								b.s.LoadFailed(tk.WorkerID(), tk, "no memory", r.IntN(2) == 0)
+								if r.IntN(2) == 0 { // the attempt started the load: its event comes first
+									b.s.LabelLoadFailed(tk.WorkerID(), tk.Label, "no memory")
+								}
+								b.s.LoadFailed(tk.WorkerID(), tk, "no memory")
 							default:
 								b.s.Complete(tk.WorkerID(), tk, Observation{Loaded: r.IntN(2) == 0, LoadTime: 400 * time.Millisecond, RunTime: time.Duration(r.IntN(200)) * time.Millisecond, Failed: r.IntN(4) == 0})
 							}

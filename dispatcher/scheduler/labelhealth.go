@@ -14,17 +14,45 @@ type labelFailures struct {
 	last      time.Time // the latest failure
 }
 
+// LabelLoadFailed records that a load of label failed on a worker (its LOAD_FAILED
+// event): the worker does not hold the label, and the failure counts toward
+// LabelFailureThreshold. One failed load counts once, however many attempts waited
+// for it; and it counts even when the attempt that started it ended first (its
+// deadline passed during a slow load). A failure that marks the label failing fails
+// every task queued for it with FailLabelFailing; the attempts that waited for the
+// load come back through LoadFailed.
+func (s *Scheduler) LabelLoadFailed(workerID, label, loadError string) *Outcome {
+	out := s.reset()
+	if _, ok := s.workers[workerID]; !ok {
+		return out
+	}
+	if s.recordLoadFailure(label, loadError) {
+		s.failQueued(label, loadError)
+	}
+	s.labelGone(workerID, label)
+	return out
+}
+
+// failQueued fails every task queued for a label that has just been marked failing.
+func (s *Scheduler) failQueued(label, loadError string) {
+	ls := s.labels[label]
+	if ls == nil {
+		return
+	}
+	for q := ls.queue.head; q != nil; {
+		next := q.byLabel.next
+		s.unqueue(q)
+		q.state = stateDone
+		s.out.Failed = append(s.out.Failed, Failure{Task: q, Reason: FailLabelFailing, LoadError: loadError})
+		q = next
+	}
+}
+
 // LoadFailed takes back an attempt whose label failed to load on the worker. The
 // task never goes back to that worker; it runs elsewhere (bounded by MaxAttempts, then
-// FailLoad), unless the label is failing, which fails it and every task queued for the
-// label with FailLabelFailing. loadError is kept as the reason.
-//
-// startedLoad says the attempt started the load that failed (its result's label_miss).
-// Only such a failure counts toward LabelFailureThreshold: attempts that joined a load
-// another attempt started on the worker report the same failure, and counting each
-// would let one transient failure on a many-slot worker mark the label failing
-// everywhere.
-func (s *Scheduler) LoadFailed(workerID string, t *Task, loadError string, startedLoad bool) (*Outcome, error) {
+// FailLoad), unless the label is failing (LabelLoadFailed counted the failure), which
+// fails it with FailLabelFailing. loadError is kept as the reason.
+func (s *Scheduler) LoadFailed(workerID string, t *Task, loadError string) (*Outcome, error) {
 	out := s.reset()
 	w, i, err := s.runningOn(workerID, t)
 	if err != nil {
@@ -41,22 +69,10 @@ func (s *Scheduler) LoadFailed(workerID string, t *Task, loadError string, start
 			s.refreshFree(w)
 		}
 	}
-	failing := s.failingNow(t.Label, s.now) != nil
-	if startedLoad {
-		failing = s.recordLoadFailure(t.Label, loadError)
-	}
-	if failing {
+	if s.failingNow(t.Label, s.now) != nil {
 		t.state = stateDone
 		out.Failed = append(out.Failed, Failure{Task: t, Reason: FailLabelFailing, LoadError: loadError})
-		if ls := s.labels[t.Label]; ls != nil {
-			for q := ls.queue.head; q != nil; {
-				next := q.byLabel.next
-				s.unqueue(q)
-				q.state = stateDone
-				out.Failed = append(out.Failed, Failure{Task: q, Reason: FailLabelFailing, LoadError: loadError})
-				q = next
-			}
-		}
+		s.failQueued(t.Label, loadError) // tasks requeued since the label was marked
 		s.fill(w)
 		return out, nil
 	}

@@ -5,22 +5,28 @@ import (
 	"time"
 )
 
-// loadFailed reports the failure of a load t started and returns copies of the
-// outcome's slices.
+// loadFailed reports, as an agent does, the failure of a load t started: the
+// LOAD_FAILED event, then t's result. It returns copies of both outcomes' slices.
 func (b *bundle) loadFailed(t *Task, reason string) ([]Assignment, []Failure) {
 	b.t.Helper()
 	return b.loadFailedAs(t, reason, true)
 }
 
 // loadFailedAs reports a load failure; started is false for an attempt that joined a
-// load another attempt started.
+// load another attempt started, whose result comes without the event.
 func (b *bundle) loadFailedAs(t *Task, reason string, started bool) ([]Assignment, []Failure) {
 	b.t.Helper()
-	out, err := b.s.LoadFailed(t.WorkerID(), t, reason, started)
+	var as []Assignment
+	var fs []Failure
+	if started {
+		ev := b.s.LabelLoadFailed(t.WorkerID(), t.Label, reason)
+		as, fs = append(as, ev.Assigned...), append(fs, ev.Failed...)
+	}
+	out, err := b.s.LoadFailed(t.WorkerID(), t, reason)
 	if err != nil {
 		b.t.Fatal(err)
 	}
-	return append([]Assignment(nil), out.Assigned...), append([]Failure(nil), out.Failed...)
+	return append(as, out.Assigned...), append(fs, out.Failed...)
 }
 
 // A load failure sends the task to another worker, never back to the one that failed.
@@ -68,7 +74,9 @@ func TestLabelFailingCooldownAndProbe(t *testing.T) {
 	if !t1.Running() || !queued.Queued() {
 		t.Fatal("want t1 running and the second task waiting for its load")
 	}
-	if _, failed := b.loadFailed(t1, "bad weights"); len(failed) != 0 || !t1.Running() {
+	// The LOAD_FAILED event comes before t1's result and may hand w2 to the queued task
+	// first; t1 then waits at the head of the queue.
+	if _, failed := b.loadFailed(t1, "bad weights"); len(failed) != 0 || !(t1.Running() || t1.Queued()) {
 		t.Fatalf("one failure is not a pattern: %v", failed)
 	}
 	b.clock.advance(time.Second)
@@ -170,6 +178,55 @@ func TestSharedLoadFailureCountsOnce(t *testing.T) {
 		if _, failed := b.loadFailedAs(tk, "out of memory", false); len(failed) != 1 || failed[0].Reason != FailLabelFailing {
 			t.Fatalf("joiner of a load that marked the label failing: %v", failed)
 		}
+	}
+	check(t, b.s)
+}
+
+// A load that fails after the task that started it ended (its deadline passed during
+// a slow load) still counts: the failure is counted from the LOAD_FAILED event, not
+// from the results of the tasks that waited for the load.
+func TestLoadFailureCountedWhenItsStarterEndedFirst(t *testing.T) {
+	b := setup(t, Config{LabelFailureThreshold: 1})
+	b.worker("w1", 2, 2)
+	starter, joiner := b.task("L"), b.task("L")
+	b.submit(starter)
+	b.submit(joiner)
+	if starter.WorkerID() != "w1" || joiner.WorkerID() != "w1" {
+		t.Fatalf("want both on w1: %q %q", starter.WorkerID(), joiner.WorkerID())
+	}
+	if _, err := b.s.Complete("w1", starter, Observation{Loaded: true, Failed: true}); err != nil {
+		t.Fatal(err)
+	}
+	b.s.LabelLoadFailed("w1", "L", "out of memory")
+	if _, _, failing := b.s.LabelFailing("L"); !failing {
+		t.Fatal("the failed load was not counted")
+	}
+	if _, failed := b.loadFailedAs(joiner, "out of memory", false); len(failed) != 1 || failed[0].Reason != FailLabelFailing {
+		t.Fatalf("the task that waited for the failed load: %v", failed)
+	}
+	check(t, b.s)
+}
+
+// A LOADED event for a label the scheduler does not place on that worker (the agent
+// confirming a label it kept) proves nothing about loading it: a failing label stays
+// failing.
+func TestConfirmedLabelDoesNotClearFailing(t *testing.T) {
+	b := setup(t, Config{LabelFailureThreshold: 1})
+	b.worker("w1", 2, 1)
+	b.worker("w2", 2, 1)
+	tk := b.task("L")
+	b.submit(tk)
+	b.loadFailed(tk, "out of memory")
+	if _, _, failing := b.s.LabelFailing("L"); !failing {
+		t.Fatal("want L failing")
+	}
+	other := "w1"
+	if tk.WorkerID() == "w1" || tk.WorkerID() == "" {
+		other = "w2"
+	}
+	b.s.LabelLoaded(other, "L") // not in the scheduler's view of that worker
+	if _, _, failing := b.s.LabelFailing("L"); !failing {
+		t.Fatal("a confirmation of a kept label cleared the failing mark")
 	}
 	check(t, b.s)
 }

@@ -61,6 +61,11 @@ type Config struct {
 	LabelFailureThreshold int
 	LabelFailureWindow    time.Duration
 	LabelFailureCooldown  time.Duration
+	// FleetSettle is how long the set of connected workers must stay unchanged before a
+	// task whose label none of them can load fails at once (FailNoWorkerCanLoad): while
+	// workers come and go (a dispatcher restart, a rollout), the one that can load it
+	// may be about to connect. Zero means 30s.
+	FleetSettle time.Duration
 	// Seed makes random choices reproducible.
 	Seed uint64
 }
@@ -94,6 +99,9 @@ func (c Config) WithDefaults() Config {
 	if c.LabelFailureCooldown == 0 {
 		c.LabelFailureCooldown = 30 * time.Second
 	}
+	if c.FleetSettle == 0 {
+		c.FleetSettle = 30 * time.Second
+	}
 	return c
 }
 
@@ -108,6 +116,9 @@ func (c Config) validate() error {
 	}
 	if c.MaxPassOver < 0 || c.PassOverLoads < 0 || c.LoadTimePrior < 0 || c.RunTimePrior < 0 {
 		return errors.New("scheduler: MaxPassOver, PassOverLoads, LoadTimePrior and RunTimePrior must not be negative")
+	}
+	if c.FleetSettle < 0 {
+		return errors.New("scheduler: FleetSettle must not be negative")
 	}
 	if c.LabelFailureThreshold < 1 || c.LabelFailureWindow < 0 || c.LabelFailureCooldown < 0 {
 		return fmt.Errorf("scheduler: LabelFailureThreshold must be at least 1 (got %d) and LabelFailureWindow, LabelFailureCooldown not negative",
@@ -217,6 +228,8 @@ type Scheduler struct {
 	// connected worker can ever take rather than hold it until its deadline.
 	anyLabel   int
 	loadableBy map[string]int
+	// fleetChanged is when a worker last connected or left (see FleetSettle).
+	fleetChanged time.Time
 
 	// Recycled records: labels come and go with every load on a large label set, and
 	// reusing their records keeps the load path free of allocations.
@@ -292,6 +305,7 @@ func (s *Scheduler) AddWorker(spec WorkerSpec) (*Outcome, error) {
 	}
 	s.workers[spec.ID] = w
 	s.countLoadable(w, 1)
+	s.fleetChanged = s.now
 	labels := spec.Labels
 	if len(labels) > w.capacity {
 		labels = labels[len(labels)-w.capacity:]
@@ -320,6 +334,7 @@ func (s *Scheduler) RemoveWorker(id string) (*Outcome, error) {
 	}
 	delete(s.workers, id)
 	s.countLoadable(w, -1)
+	s.fleetChanged = s.now
 	lost := w.running
 	w.running = nil
 	// Requeue newest first so that, pushed to the front one by one, the oldest ends first.
@@ -420,10 +435,11 @@ func (s *Scheduler) countLoadable(w *worker, delta int) {
 }
 
 // someWorkerCanLoad reports whether a connected worker can load label, or holds it.
-// With no worker connected it is true: workers may yet connect (a fresh start, a
-// scale-up), and the task waits for them within its deadline.
+// With no worker connected, or within FleetSettle of one connecting or leaving, it is
+// true: a worker that can may yet connect, and the task waits for it within its
+// deadline.
 func (s *Scheduler) someWorkerCanLoad(label string) bool {
-	if len(s.workers) == 0 || s.anyLabel > 0 || s.loadableBy[label] > 0 {
+	if len(s.workers) == 0 || s.anyLabel > 0 || s.loadableBy[label] > 0 || s.now.Sub(s.fleetChanged) < s.cfg.FleetSettle {
 		return true
 	}
 	ls := s.labels[label]
@@ -599,8 +615,11 @@ func (s *Scheduler) LabelLoaded(workerID, label string) *Outcome {
 	if !ok {
 		return out
 	}
-	delete(s.failing, label) // a load that works ends the label's bad run
 	if i := w.find(label); i >= 0 {
+		// A load that works ends the label's bad run. Only for a copy in the view: the
+		// agent also confirms labels it kept (see confirmKept), which proves nothing
+		// about loading them.
+		delete(s.failing, label)
 		h := w.held[i]
 		h.pending = false
 		if h.doomed {
@@ -641,13 +660,18 @@ func (s *Scheduler) LabelLoading(workerID, label string) {
 // load that failed). Tasks queued for it stay queued for other holders or a load.
 func (s *Scheduler) LabelGone(workerID, label string) *Outcome {
 	out := s.reset()
+	s.labelGone(workerID, label)
+	return out
+}
+
+func (s *Scheduler) labelGone(workerID, label string) {
 	w, ok := s.workers[workerID]
 	if !ok {
-		return out
+		return
 	}
 	i := w.find(label)
 	if i < 0 {
-		return out
+		return
 	}
 	if h := w.held[i]; h.inUse > 0 {
 		s.doom(w, h)
@@ -657,7 +681,6 @@ func (s *Scheduler) LabelGone(workerID, label string) *Outcome {
 		s.fill(w)
 	}
 	s.offerFree() // tasks that waited for this copy may load elsewhere
-	return out
 }
 
 // QueuedTasks is the number of tasks waiting.

@@ -366,11 +366,12 @@ func TestLabelEvents(t *testing.T) {
 	}
 }
 
-// A label no connected worker's backend lists fails at once; with no worker connected,
-// or once a worker that can load it is, the task waits as usual.
+// A label no connected worker's backend lists fails at once once the fleet has been
+// unchanged for FleetSettle; with no worker connected, or while workers come and go,
+// the task waits as usual.
 func TestNoWorkerCanLoadFailsAtOnce(t *testing.T) {
 	t.Parallel()
-	b := setup(t, Config{})
+	b := setup(t, Config{FleetSettle: 10 * time.Second})
 	waiting := b.task("X")
 	none(t, b.submit(waiting)) // no worker yet: it waits
 	if _, err := b.s.AddWorker(WorkerSpec{ID: "w1", MaxLabels: 2, Slots: 1, Loadable: []string{"X", "Y"}}); err != nil {
@@ -379,6 +380,11 @@ func TestNoWorkerCanLoadFailsAtOnce(t *testing.T) {
 	if !waiting.Running() {
 		t.Fatal("the waiting task did not go to the worker that can load it")
 	}
+	early := b.task("x-typo")
+	if out, _ := b.s.Submit(early); len(out.Failed) != 0 || !early.Queued() {
+		t.Fatalf("within FleetSettle of a worker connecting: %+v", out)
+	}
+	b.clock.advance(10 * time.Second)
 	typo := b.task("x-typo")
 	out, _ := b.s.Submit(typo)
 	if len(out.Failed) != 1 || out.Failed[0].Reason != FailNoWorkerCanLoad || len(out.Assigned) != 0 || typo.Queued() {
@@ -397,6 +403,7 @@ func TestNoWorkerCanLoadFailsAtOnce(t *testing.T) {
 	if _, err := b.s.RemoveWorker("any"); err != nil {
 		t.Fatal(err)
 	}
+	b.clock.advance(10 * time.Second)
 	if out, _ := b.s.Submit(b.task("z-typo")); len(out.Failed) != 1 || out.Failed[0].Reason != FailNoWorkerCanLoad {
 		t.Fatalf("after the any-label worker left: %+v", out)
 	}
