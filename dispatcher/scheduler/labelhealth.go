@@ -62,12 +62,7 @@ func (s *Scheduler) LoadFailed(workerID string, t *Task, loadError string) (*Out
 	t.excluded = append(t.excluded, workerID)
 	// The worker does not hold the label, whether or not its LabelGone came first.
 	if i := w.find(t.Label); i >= 0 {
-		if h := w.held[i]; h.inUse > 0 {
-			s.doom(w, h)
-		} else {
-			s.dropHeld(w, i)
-			s.refreshFree(w)
-		}
+		s.dropOrDoom(w, i)
 	}
 	if s.failingNow(t.Label, s.now) != nil {
 		t.state = stateDone

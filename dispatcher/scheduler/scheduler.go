@@ -673,14 +673,22 @@ func (s *Scheduler) labelGone(workerID, label string) {
 	if i < 0 {
 		return
 	}
-	if h := w.held[i]; h.inUse > 0 {
-		s.doom(w, h)
-	} else {
-		s.dropHeld(w, i)
-		s.refreshFree(w)
+	if s.dropOrDoom(w, i) {
 		s.fill(w)
 	}
 	s.offerFree() // tasks that waited for this copy may load elsewhere
+}
+
+// dropOrDoom takes w.held[i] out of the view: at once when no task uses it (reporting
+// true), else when its last task ends.
+func (s *Scheduler) dropOrDoom(w *worker, i int) (dropped bool) {
+	if h := w.held[i]; h.inUse > 0 {
+		s.doom(w, h)
+		return false
+	}
+	s.dropHeld(w, i)
+	s.refreshFree(w)
+	return true
 }
 
 // QueuedTasks is the number of tasks waiting.
