@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -70,6 +71,8 @@ type report struct {
 	status int
 	body   []byte
 	err    error
+	// retryAfter is the answer's Retry-After, zero when it has none.
+	retryAfter time.Duration
 }
 
 type job struct {
@@ -114,13 +117,22 @@ type stats struct {
 	nextLine                                             atomic.Int64
 }
 
+// ErrConfig wraps Run's errors for an invalid Config: bad usage, not a failed job.
+var ErrConfig = errors.New("batch config")
+
 // Run runs the job in cfg until every input line is written, ctx ends, or an error
 // stops it. It resumes from the checkpoint when there is one. On a stop the written
 // results are checkpointed, so running it again carries on.
 func Run(ctx context.Context, cfg Config) (Summary, error) {
+	ownClient := cfg.HTTPClient == nil
 	cfg = cfg.WithDefaults()
+	if ownClient {
+		// Nobody else can close the job's keep-alive connections, and neither the
+		// client nor the dispatcher times them out.
+		defer cfg.HTTPClient.CloseIdleConnections()
+	}
 	if err := cfg.validate(); err != nil {
-		return Summary{}, fmt.Errorf("batch config: %w", err)
+		return Summary{}, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	j := &job{
 		cfg:            cfg,
@@ -477,16 +489,17 @@ func (j *job) start(ctx context.Context, it *item, now time.Time) {
 	j.st.issued.Add(1)
 	seq := it.seq
 	go func() {
-		status, b, err := j.post(actx, body)
-		j.results <- report{it: it, seq: seq, status: status, body: b, err: err}
+		status, b, ra, err := j.post(actx, body)
+		j.results <- report{it: it, seq: seq, status: status, body: b, retryAfter: ra, err: err}
 	}()
 }
 
-// post sends one /run-task and returns the answer; err when there is none.
-func (j *job) post(ctx context.Context, body []byte) (int, []byte, error) {
+// post sends one /run-task and returns the answer and its Retry-After; err when there
+// is none.
+func (j *job) post(ctx context.Context, body []byte) (int, []byte, time.Duration, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, j.runTask, bytes.NewReader(body))
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, 0, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if j.cfg.APIKey != "" {
@@ -494,14 +507,26 @@ func (j *job) post(ctx context.Context, body []byte) (int, []byte, error) {
 	}
 	resp, err := j.cfg.HTTPClient.Do(req)
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, 0, err
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, 0, err
 	}
-	return resp.StatusCode, b, nil
+	return resp.StatusCode, b, retryAfter(resp.Header.Get("Retry-After"), time.Now()), nil
+}
+
+// retryAfter reads a Retry-After header (seconds or an HTTP date), bounded to five
+// minutes; zero when absent or unreadable.
+func retryAfter(v string, now time.Time) time.Duration {
+	var d time.Duration
+	if s, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
+		d = time.Duration(s) * time.Second
+	} else if t, err := http.ParseTime(v); err == nil {
+		d = t.Sub(now)
+	}
+	return min(max(d, 0), 5*time.Minute)
 }
 
 // answer is the part of the dispatcher's /run-task answer the job keeps.
@@ -548,8 +573,15 @@ func (j *job) handle(r report) {
 		j.reject(it, fmt.Sprintf("dispatcher refused the task (%d): %s", r.status, msg))
 	case r.status == http.StatusUnauthorized || r.status == http.StatusForbidden:
 		j.fatal = fmt.Errorf("dispatcher refused the job's credentials (%d): %s; set --api-key", r.status, msg)
-	case r.status == http.StatusTooManyRequests:
-		j.pause(j.bo.NextBackOff(), "dispatcher queue full", errors.New(msg))
+	case r.status == http.StatusNotFound || r.status == http.StatusMethodNotAllowed:
+		// The dispatcher's /run-task has no 404 (that is GET /tasks/{id}'s unknown task):
+		// the URL is not its API, and no line can run. Stop rather than reject them all.
+		j.fatal = fmt.Errorf("POST %s answered %d: %s; is --dispatcher the dispatcher's base URL?", j.runTask, r.status, msg)
+	case r.status == http.StatusTooManyRequests || (r.status == http.StatusServiceUnavailable && a.Status == ""):
+		// Refused before it ran (queue full, shutting down, or a proxy in front while the
+		// dispatcher restarts): a 503 without a task's answer keeps no failed answer for
+		// the id, and it is not the item's fault. Pause as for no answer; no attempt.
+		j.pause(max(j.bo.NextBackOff(), r.retryAfter), fmt.Sprintf("dispatcher refused the task for now (%d)", r.status), errors.New(msg))
 		j.retry = append(j.retry, it)
 	default:
 		it.failures++
@@ -561,8 +593,11 @@ func (j *job) pause(d time.Duration, why string, err error) {
 	if !j.pausing {
 		j.log.Warn().Err(err).Dur("pause", d).Msg(why + "; pausing submissions")
 	}
+	// A pause only grows: a later, shorter backoff must not cut a Retry-After short.
+	if till := time.Now().Add(d); !j.pausing || till.After(j.pauseTill) {
+		j.pauseTill = till
+	}
 	j.pausing = true
-	j.pauseTill = time.Now().Add(d)
 }
 
 // expire ends the attempts whose work timeout has passed (at the current timeout, so

@@ -508,3 +508,143 @@ func TestConfigValidation(t *testing.T) {
 		}
 	}
 }
+
+// A bare 503 (the dispatcher shutting down, or a proxy in front while it restarts)
+// refuses the task before it ran: the job pauses and sends it again under the same id,
+// without counting an attempt. Only a task's failed answer moves it to a fresh id.
+func TestRefusal503IsNotAFailedAttempt(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	total := 0
+	f := newFakeDispatcher(t, func(_ context.Context, _ runTaskBody, _, _ int) (int, string) {
+		mu.Lock()
+		defer mu.Unlock()
+		if total++; total <= 3 {
+			return http.StatusServiceUnavailable, `{"error":"dispatcher is shutting down"}`
+		}
+		return http.StatusOK, ""
+	})
+	cfg := setup(t, f, taskLines(3))
+	cfg.Concurrency, cfg.MaxAttempts = 1, 3
+	s := run(t, cfg)
+	checkOutput(t, cfg.Output, 3)
+	if s.Rejected != 0 {
+		t.Errorf("summary %+v: a line was rejected because the dispatcher was briefly unavailable", s)
+	}
+	for _, r := range f.requests(1) {
+		if strings.Contains(r.TaskID, "-r") {
+			t.Errorf("line 1 moved to fresh id %s after a refusal that ran nothing", r.TaskID)
+		}
+	}
+}
+
+// The dispatcher's 429 says Retry-After: 1; the job waits that long, not its first
+// 100 ms backoff.
+func TestRetryAfterHonouredOn429(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var at []time.Time
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req runTaskBody
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		mu.Lock()
+		at = append(at, time.Now())
+		first := len(at) == 1
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		if first {
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusTooManyRequests)
+			_, _ = w.Write([]byte(`{"error":"queue full: 10000 tasks waiting"}`))
+			return
+		}
+		_, _ = w.Write([]byte(completed(req)))
+	}))
+	t.Cleanup(srv.Close)
+	cfg := setup(t, &fakeDispatcher{srv: srv}, taskLines(1))
+	cfg.Concurrency = 1
+	run(t, cfg)
+	checkOutput(t, cfg.Output, 1)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(at) != 2 {
+		t.Fatalf("%d requests, want 2", len(at))
+	}
+	if gap := at[1].Sub(at[0]); gap < time.Second {
+		t.Errorf("resubmitted %v after a 429 with Retry-After: 1", gap)
+	}
+}
+
+func TestRetryAfterHeader(t *testing.T) {
+	now := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	for _, c := range []struct {
+		v    string
+		want time.Duration
+	}{
+		{"", 0}, {"2", 2 * time.Second}, {" 3 ", 3 * time.Second}, {"-4", 0}, {"soon", 0},
+		{"86400", 5 * time.Minute},
+		{now.Add(30 * time.Second).Format(http.TimeFormat), 30 * time.Second},
+		{now.Add(-time.Hour).Format(http.TimeFormat), 0},
+	} {
+		if got := retryAfter(c.v, now); got != c.want {
+			t.Errorf("retryAfter(%q) = %v, want %v", c.v, got, c.want)
+		}
+	}
+}
+
+// A 404 on POST /run-task means --dispatcher is not the dispatcher's URL: the job stops
+// with that error instead of rejecting every line and checkpointing past them.
+func TestRunTask404StopsTheJob(t *testing.T) {
+	t.Parallel()
+	f := newFakeDispatcher(t, func(_ context.Context, _ runTaskBody, _, _ int) (int, string) {
+		return http.StatusNotFound, `{"message":"Not Found"}`
+	})
+	cfg := setup(t, f, taskLines(20))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := Run(ctx, cfg)
+	if err == nil || !strings.Contains(err.Error(), "404") || !strings.Contains(err.Error(), "--dispatcher") {
+		t.Errorf("Run over a URL answering 404: err %v, want an error naming the 404 and --dispatcher", err)
+	}
+	if s.Rejected > 0 {
+		t.Errorf("%d lines rejected for the job's wrong URL", s.Rejected)
+	}
+	if cp, _, _ := loadCheckpoint(cfg.Output + ".checkpoint"); cp.Lines != 0 {
+		t.Errorf("checkpoint %+v advanced past lines that never ran", cp)
+	}
+}
+
+// Run closes the keep-alive connections of the client it made: a process that embeds
+// it (the benchmark's batch comparison) keeps no sockets or goroutines per job.
+func TestRunLeavesNoConnectionsOpen(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	open := map[net.Conn]bool{}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req runTaskBody
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(completed(req)))
+	}))
+	srv.Config.ConnState = func(c net.Conn, st http.ConnState) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch st {
+		case http.StateNew:
+			open[c] = true
+		case http.StateClosed, http.StateHijacked:
+			delete(open, c)
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	cfg := setup(t, &fakeDispatcher{srv: srv}, taskLines(40))
+	cfg.Concurrency = 8
+	run(t, cfg)
+	checkOutput(t, cfg.Output, 40)
+	waitFor(t, "the finished job's connections to close", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(open) == 0
+	})
+}

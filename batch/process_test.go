@@ -3,6 +3,7 @@ package batch
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"os"
 	"os/exec"
@@ -118,5 +119,19 @@ func TestResumeAfterKill9(t *testing.T) {
 	}
 	if reqs := f.requests(lineOfID(stuckReq.TaskID)); reqs[len(reqs)-1].TaskID != stuckReq.TaskID {
 		t.Errorf("a line was resubmitted as %s, first as %s: the resumed job must reuse task ids", reqs[len(reqs)-1].TaskID, stuckReq.TaskID)
+	}
+}
+
+// A bad flag value is bad usage: exit status 2, as README says, not a failed job's 1.
+func TestBadFlagValueExits2(t *testing.T) {
+	t.Parallel()
+	bin := buildBatch(t)
+	f := newFakeDispatcher(t, nil)
+	cfg := setup(t, f, taskLines(1))
+	out, err := exec.Command(bin, "--dispatcher", f.srv.URL, "--input", cfg.Input, "--output", cfg.Output,
+		"--order", "random", "--progress", "false").CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+		t.Errorf("--order random: %v, want exit status 2\n%s", err, out)
 	}
 }

@@ -7,7 +7,8 @@
 // Every flag also reads the environment variable named like it in upper case with
 // dashes as underscores (--work-timeout → WORK_TIMEOUT); the command line wins. The
 // flags are in README.md "Batch jobs". Exit status: 0 when every line is written
-// (some may be rejected), 1 on an error, 130 when interrupted (run it again to resume).
+// (some may be rejected), 1 on an error, 2 on bad usage, 130 when interrupted (run it
+// again to resume).
 package main
 
 import (
@@ -105,6 +106,8 @@ func run() (int, error) {
 	switch {
 	case err == nil:
 		return 0, nil
+	case errors.Is(err, batch.ErrConfig):
+		return 2, err
 	case errors.Is(err, context.Canceled):
 		return 130, errors.New("interrupted; the written lines are checkpointed: run the same command again to resume")
 	}
