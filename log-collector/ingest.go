@@ -205,6 +205,12 @@ func (c *Collector) serveStream(ic *ingestConn) error {
 		w.mu.Lock()
 		if w.owner == ic {
 			w.owner = nil
+			// The worker may never come back (a new pod, a new id): hold no descriptor
+			// for it. The next batch reopens the file.
+			if w.file != nil {
+				_ = w.file.Close()
+				w.file = nil
+			}
 		}
 		w.mu.Unlock()
 	}()
