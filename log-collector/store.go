@@ -73,6 +73,10 @@ type workerLog struct {
 	files []int       // data files on disk, ascending; the last is state.File
 	file  *os.File    // state.File opened for appending; nil until the first write
 	owner *ingestConn // the connection streaming for this worker; the newest wins
+
+	// stateOnDisk: state.json exists. Until it does, a restart would take every byte
+	// in the files as acknowledged, so appendBatch writes it before the first batch.
+	stateOnDisk bool
 }
 
 // escapeWorkerID makes a worker id safe as a directory name.
@@ -197,6 +201,7 @@ func openWorker(dir, id string) (*workerLog, error) {
 	if err := json.Unmarshal(b, &w.state); err != nil || w.state.File < 1 || w.state.Size < 0 {
 		return nil, fmt.Errorf("%s is damaged (%v): move it away to start the worker afresh", filepath.Join(dir, stateFile), err)
 	}
+	w.stateOnDisk = true
 	// Cut off what was written after the last acknowledged batch.
 	for len(w.files) > 0 && w.files[len(w.files)-1] > w.state.File {
 		n := w.files[len(w.files)-1]
@@ -238,6 +243,15 @@ func (w *workerLog) dataPath(n int) string {
 // durable and records it in state.json. The caller holds w.mu. On error nothing is
 // recorded and the batch must not be acknowledged.
 func (w *workerLog) appendBatch(data []byte, seq, dropped uint64, maxFileBytes int64, maxFiles int) error {
+	if !w.stateOnDisk {
+		// A new worker (or one whose state was removed): record where its files end
+		// before adding to them, so that a crash before this batch's state is written
+		// cuts the batch off on restart instead of keeping it unacknowledged.
+		if err := writeState(w.dir, w.state); err != nil {
+			return fmt.Errorf("state: %w", err)
+		}
+		w.stateOnDisk = true
+	}
 	if w.state.Size > 0 && w.state.Size+int64(len(data)) > maxFileBytes {
 		if err := w.rotate(maxFiles); err != nil {
 			return fmt.Errorf("rotate: %w", err)
