@@ -189,11 +189,18 @@ func (s *store) query(q logQuery) (logsResponse, error) {
 			return logsResponse{}, err
 		}
 		truncated = truncated || matched > len(ring)
-		all = append(all, ring[next:]...)
-		all = append(all, ring[:next]...)
-	}
-	if len(ids) > 1 {
-		slices.SortStableFunc(all, func(a, b matchedRecord) int { return a.time.Compare(b.time) })
+		ring = slices.Concat(ring[next:], ring[:next]) // oldest first
+		if len(ids) == 1 {
+			all = ring
+			break
+		}
+		// Merge as we go and keep only the last limit: holding limit records of every
+		// worker would grow with the number of workers ever seen.
+		slices.SortStableFunc(ring, byTime)
+		all = mergeByTime(all, ring)
+		if len(all) > q.limit {
+			all, truncated = all[len(all)-q.limit:], true
+		}
 	}
 	if len(all) > q.limit {
 		all, truncated = all[len(all)-q.limit:], true
@@ -203,4 +210,20 @@ func (s *store) query(q logQuery) (logsResponse, error) {
 		resp.Records[i] = m.raw
 	}
 	return resp, nil
+}
+
+func byTime(a, b matchedRecord) int { return a.time.Compare(b.time) }
+
+// mergeByTime merges two lists sorted by time into a new one; on equal times a's
+// records come first, as a stable sort of a followed by b would put them.
+func mergeByTime(a, b []matchedRecord) []matchedRecord {
+	out := make([]matchedRecord, 0, len(a)+len(b))
+	for len(a) > 0 && len(b) > 0 {
+		if byTime(b[0], a[0]) < 0 {
+			out, b = append(out, b[0]), b[1:]
+		} else {
+			out, a = append(out, a[0]), a[1:]
+		}
+	}
+	return append(append(out, a...), b...)
 }
