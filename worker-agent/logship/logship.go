@@ -346,6 +346,13 @@ func (s *Shipper) Close() error {
 	return s.closeErr
 }
 
+// ackedRecords is Stats().Acked without the rest of the snapshot.
+func (s *Shipper) ackedRecords() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stats.Acked
+}
+
 // flushed reports whether Close was called and nothing is left to deliver.
 func (s *Shipper) flushed() bool {
 	select {

@@ -35,12 +35,17 @@ func (s *Shipper) run() {
 		if s.flushed() || s.hardStop.Err() != nil {
 			return
 		}
+		acked, start := s.ackedRecords(), time.Now()
 		welcomed, err := s.session()
 		if errors.Is(err, errFlushed) || s.hardStop.Err() != nil {
 			return
 		}
-		if welcomed {
-			bo.Reset() // the collector was there: the next try is prompt
+		// The collector was there and working: the next try is prompt. A welcome alone
+		// does not show that (a collector that cannot write welcomes, then closes the
+		// stream on the first batch), so the session must have had batches
+		// acknowledged, or have lasted as long as the longest wait.
+		if welcomed && (s.ackedRecords() > acked || time.Since(start) >= s.cfg.ReconnectMax) {
+			bo.Reset()
 		}
 		wait := bo.NextBackOff()
 		s.log.Info().Err(err).Str("collector_url", s.url).Float64("retry_in_ms", float64(wait)/1e6).
