@@ -146,6 +146,10 @@ func newAgent(cfg Config) (_ *agent, err error) {
 		case triton.Name:
 			tc := cfg.Triton
 			tc.Log = base.With().Str("component", "triton").Logger()
+			if tc.MaxAnswerSize == 0 {
+				// Room for any answer whose result can fit in a frame.
+				tc.MaxAnswerSize = max(triton.DefaultMaxAnswerSize, 2*int64(cfg.MaxFrameSize))
+			}
 			if cfg.Metrics != nil {
 				tc.OnError = cfg.Metrics.tritonError
 			}

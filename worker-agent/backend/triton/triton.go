@@ -60,6 +60,7 @@ const (
 	DefaultPollInterval    = 100 * time.Millisecond
 	DefaultTextInput       = "TEXT"
 	DefaultEmbeddingOutput = "sentence_embedding"
+	DefaultMaxAnswerSize   = 32 << 20
 )
 
 // maxErrorBody bounds how much of an error answer is read for its message.
@@ -87,6 +88,9 @@ type Config struct {
 	// EmbeddingOutput names the FP32 output embed_texts reads. Empty means
 	// "sentence_embedding".
 	EmbeddingOutput string
+	// MaxAnswerSize bounds how much of a successful answer (an infer result, the
+	// index) is read; a larger answer is a failure. Zero means 32 MiB.
+	MaxAnswerSize int64
 	// Client sends the requests. Nil means a client of its own with no overall timeout
 	// (every call is bounded by its context).
 	Client *http.Client
@@ -111,6 +115,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.EmbeddingOutput == "" {
 		c.EmbeddingOutput = DefaultEmbeddingOutput
+	}
+	if c.MaxAnswerSize == 0 {
+		c.MaxAnswerSize = DefaultMaxAnswerSize
 	}
 	return c
 }
@@ -143,6 +150,9 @@ func (c Config) Validate() error {
 		if f.d < 0 {
 			errs = append(errs, fmt.Errorf("%s must not be negative, got %s", f.name, f.d))
 		}
+	}
+	if c.MaxAnswerSize < 0 {
+		errs = append(errs, fmt.Errorf("MaxAnswerSize must not be negative, got %d", c.MaxAnswerSize))
 	}
 	return errors.Join(errs...)
 }
@@ -386,16 +396,27 @@ func (b *Backend) runLoad(ctx context.Context, label string, m *modelOps, c *loa
 	defer c.cancel()
 	err := m.acquire(ctx)
 	if err == nil {
-		err = b.load(ctx, label)
-		if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			// Triton goes on loading after the client gives up; unload so the model does
-			// not hold memory the agent does not count.
-			uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.cfg.UnloadTimeout)
-			if uerr := b.unload(uctx, label); uerr != nil {
-				b.log.Warn().Err(uerr).Str("label", label).Msg("unload after a timed-out load failed")
+		// Memory an unload frees is free only once the model has left UNLOADING;
+		// loading into it earlier has crashed Triton.
+		if err = b.waitNoUnloading(ctx, label); err == nil {
+			err = b.load(ctx, label)
+			var te *Error
+			noAnswer := errors.As(err, &te) && te.StatusCode == 0
+			if err != nil && (ctx.Err() != nil || noAnswer) {
+				// Triton goes on loading after the client gives up (timed out, or every
+				// caller gave up) or loses the answer (a dropped connection); unload,
+				// still holding the model's lock, so that the model does not hold memory
+				// the agent does not count and the next load of it does not overlap
+				// this one.
+				uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.cfg.UnloadTimeout)
+				if uerr := b.unload(uctx, label); uerr != nil {
+					b.log.Warn().Err(uerr).Str("label", label).Msg("unload after an abandoned load failed")
+				}
+				cancel()
+				if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+					err = fmt.Errorf("triton load %q: no answer within %s: %w", label, b.cfg.LoadTimeout, err)
+				}
 			}
-			cancel()
-			err = fmt.Errorf("triton load %q: no answer within %s: %w", label, b.cfg.LoadTimeout, err)
 		}
 		m.release()
 	}
@@ -409,6 +430,38 @@ func (b *Backend) runLoad(ctx context.Context, label string, m *modelOps, c *loa
 	c.err = err
 	b.mu.Unlock()
 	close(c.done)
+}
+
+// waitNoUnloading polls the index until no model is UNLOADING, so that a load never
+// goes into room an unload (ours that timed out, or anyone's) has not freed yet.
+func (b *Backend) waitNoUnloading(ctx context.Context, label string) error {
+	var t *time.Ticker
+	for {
+		entries, err := b.index(ctx)
+		if err != nil {
+			return fmt.Errorf("triton load %q: reading the index before loading: %w", label, err)
+		}
+		unloading := ""
+		for _, e := range entries {
+			if e.State == "UNLOADING" {
+				unloading = e.Name
+				break
+			}
+		}
+		if unloading == "" {
+			return nil
+		}
+		if t == nil {
+			b.log.Info().Str("label", label).Str("unloading", unloading).Msg("waiting for an unload to end before loading")
+			t = time.NewTicker(b.cfg.PollInterval)
+			defer t.Stop()
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("triton load %q: model %q still UNLOADING: %w", label, unloading, ctx.Err())
+		case <-t.C:
+		}
+	}
 }
 
 func (b *Backend) load(ctx context.Context, label string) error {
@@ -678,9 +731,15 @@ func (b *Backend) call(ctx context.Context, op, model, method, path string, body
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode/100 == 2 {
-		out, err := io.ReadAll(resp.Body)
-		if err != nil {
-			return nil, &Error{Op: op, Model: model, Err: fmt.Errorf("reading the answer: %w", err)}
+		limit := b.cfg.MaxAnswerSize
+		var out []byte
+		if resp.ContentLength <= limit {
+			if out, err = io.ReadAll(io.LimitReader(resp.Body, limit+1)); err != nil {
+				return nil, &Error{Op: op, Model: model, Err: fmt.Errorf("reading the answer: %w", err)}
+			}
+		}
+		if resp.ContentLength > limit || int64(len(out)) > limit {
+			return nil, &Error{Op: op, Model: model, Err: fmt.Errorf("answer larger than %d bytes (MaxAnswerSize)", limit)}
 		}
 		return out, nil
 	}
