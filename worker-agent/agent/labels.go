@@ -189,25 +189,12 @@ func (m *labelManager) acquire(ctx context.Context, label, evictHint string, tas
 				}
 				return &labelLease{m: m, label: label, e: e}, info, nil
 			}
-			info.joined = !info.miss
+			info.joined = true
 			m.mu.Unlock()
-			if info.joined && m.onJoin != nil {
+			if m.onJoin != nil {
 				m.onJoin(label)
 			}
-			select {
-			case <-e.done:
-				info.wait = time.Since(start)
-				if e.err != nil {
-					return nil, info, e.err
-				}
-				m.mu.Lock()
-				m.recency.Get(label)
-				m.mu.Unlock()
-				return &labelLease{m: m, label: label, e: e}, info, nil
-			case <-ctx.Done():
-				m.unpin(label, e)
-				return nil, info, ctx.Err()
-			}
+			return m.awaitLoad(ctx, label, e, info, start)
 		}
 		if _, ok := m.unloading[label]; ok {
 			waited = true
@@ -227,7 +214,9 @@ func (m *labelManager) acquire(ctx context.Context, label, evictHint string, tas
 			}
 			continue
 		}
-		e := &labelEntry{done: make(chan struct{})}
+		// Pinned for this task from the start: until it runs, the label must neither
+		// be evicted once loaded nor, failed and forgotten, be loaded again for it.
+		e := &labelEntry{done: make(chan struct{}), pins: 1}
 		m.entries[label] = e
 		if victim != "" {
 			delete(m.entries, victim)
@@ -238,7 +227,26 @@ func (m *labelManager) acquire(ctx context.Context, label, evictHint string, tas
 		m.loads.Add(1)
 		go m.load(label, e, victim, task)
 		m.mu.Unlock()
-		// The next pass finds the entry loading and waits for it like any joiner.
+		return m.awaitLoad(ctx, label, e, info, start)
+	}
+}
+
+// awaitLoad waits for the load of entry e, which the caller has pinned, and returns a
+// lease on it, the load's error, or ctx's error (unpinning e).
+func (m *labelManager) awaitLoad(ctx context.Context, label string, e *labelEntry, info acquireInfo, start time.Time) (*labelLease, acquireInfo, error) {
+	select {
+	case <-e.done:
+		info.wait = time.Since(start)
+		if e.err != nil {
+			return nil, info, e.err
+		}
+		m.mu.Lock()
+		m.recency.Get(label)
+		m.mu.Unlock()
+		return &labelLease{m: m, label: label, e: e}, info, nil
+	case <-ctx.Done():
+		m.unpin(label, e)
+		return nil, info, ctx.Err()
 	}
 }
 
