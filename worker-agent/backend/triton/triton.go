@@ -435,30 +435,51 @@ func (b *Backend) runLoad(ctx context.Context, label string, m *modelOps, c *loa
 // waitNoUnloading polls the index until no model is UNLOADING, so that a load never
 // goes into room an unload (ours that timed out, or anyone's) has not freed yet.
 func (b *Backend) waitNoUnloading(ctx context.Context, label string) error {
-	var t *time.Ticker
+	unloading, err := b.awaitIndex(ctx, func(entries []indexEntry) string {
+		for _, e := range entries {
+			if e.State == "UNLOADING" {
+				return e.Name
+			}
+		}
+		return ""
+	}, func(unloading string) {
+		b.log.Info().Str("label", label).Str("unloading", unloading).Msg("waiting for an unload to end before loading")
+	})
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil && unloading != "":
+		return fmt.Errorf("triton load %q: model %q still UNLOADING: %w", label, unloading, ctx.Err())
+	}
+	return fmt.Errorf("triton load %q: reading the index before loading: %w", label, err)
+}
+
+// awaitIndex reads the index, at once and then every PollInterval, until pending
+// finds nothing in it to wait for (""). onWait hears the first thing it waits for. On
+// an error it returns what it was still waiting for, "" if nothing yet.
+func (b *Backend) awaitIndex(ctx context.Context, pending func([]indexEntry) string, onWait func(string)) (string, error) {
+	var (
+		t       *time.Ticker
+		waiting string
+	)
 	for {
 		entries, err := b.index(ctx)
 		if err != nil {
-			return fmt.Errorf("triton load %q: reading the index before loading: %w", label, err)
+			return waiting, err
 		}
-		unloading := ""
-		for _, e := range entries {
-			if e.State == "UNLOADING" {
-				unloading = e.Name
-				break
-			}
-		}
-		if unloading == "" {
-			return nil
+		if waiting = pending(entries); waiting == "" {
+			return "", nil
 		}
 		if t == nil {
-			b.log.Info().Str("label", label).Str("unloading", unloading).Msg("waiting for an unload to end before loading")
+			if onWait != nil {
+				onWait(waiting)
+			}
 			t = time.NewTicker(b.cfg.PollInterval)
 			defer t.Stop()
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("triton load %q: model %q still UNLOADING: %w", label, unloading, ctx.Err())
+			return waiting, ctx.Err()
 		case <-t.C:
 		}
 	}
@@ -489,36 +510,29 @@ func (b *Backend) unload(ctx context.Context, label string) error {
 	if _, err := b.call(ctx, "unload", label, http.MethodPost, "/v2/repository/models/"+url.PathEscape(label)+"/unload", nil); err != nil {
 		return err
 	}
-	var t *time.Ticker
-	state := "UNLOADING" // until the index says otherwise
-	for {
-		entries, err := b.index(ctx)
-		if err != nil && ctx.Err() != nil {
-			return fmt.Errorf("triton unload %q: still %s: %w", label, state, ctx.Err())
-		}
-		if err != nil {
-			return fmt.Errorf("triton unload %q: waiting for the unload to end: %w", label, err)
-		}
-		state = ""
+	state, err := b.awaitIndex(ctx, func(entries []indexEntry) string {
+		state := ""
 		for _, e := range entries {
 			if e.Name == label && e.State != "" {
 				state = e.State
 			}
 		}
 		// Absent, never loaded, or UNAVAILABLE: the memory is free.
-		if state == "" || state == "UNAVAILABLE" {
-			return nil
+		if state == "UNAVAILABLE" {
+			return ""
 		}
-		if t == nil {
-			t = time.NewTicker(b.cfg.PollInterval)
-			defer t.Stop()
+		return state
+	}, nil)
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		if state == "" {
+			state = "UNLOADING" // until the index says otherwise
 		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("triton unload %q: still %s: %w", label, state, ctx.Err())
-		case <-t.C:
-		}
+		return fmt.Errorf("triton unload %q: still %s: %w", label, state, ctx.Err())
 	}
+	return fmt.Errorf("triton unload %q: waiting for the unload to end: %w", label, err)
 }
 
 // Run runs one task on a loaded label.
