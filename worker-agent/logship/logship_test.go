@@ -1,16 +1,19 @@
 package logship
 
 import (
+	"bytes"
 	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/gorilla/websocket"
+	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 	"google.golang.org/protobuf/proto"
 
@@ -403,5 +406,53 @@ func BenchmarkWriteQueued(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		_, _ = s.Write(rec)
+	}
+}
+
+// signalWriter closes ready when a log line holds want.
+type signalWriter struct {
+	want  string
+	ready chan struct{}
+	once  sync.Once
+}
+
+func (w *signalWriter) Write(p []byte) (int, error) {
+	if bytes.Contains(p, []byte(w.want)) {
+		w.once.Do(func() { close(w.ready) })
+	}
+	return len(p), nil
+}
+
+// Close during a backoff wait tries to deliver at once: a collector back up after an
+// outage gets the buffered records, rather than the shipper sleeping out its wait
+// past CloseTimeout and dropping them.
+func TestCloseFlushesWithoutWaitingOutTheBackoff(t *testing.T) {
+	t.Parallel()
+	const n = 10
+	got := make(chan []*pb.LogBatch, 1)
+	f := newFakeCollector(t, false, func(conn int, c *fakeConn) {
+		c.welcome(0)
+		got <- c.batches(n, func(b *pb.LogBatch) { c.ack(b.GetSeq()) })
+		_, _ = c.read() // until the shipper closes
+	})
+	cfg := testConfig(f.url)
+	cfg.ReconnectMin, cfg.ReconnectMax, cfg.CloseTimeout = time.Hour, time.Hour, 3*time.Second
+	down := &signalWriter{want: "reconnecting after backoff", ready: make(chan struct{})}
+	cfg.Logger = zerolog.New(down)
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeRecords(t, s, 0, n)
+	<-down.ready // refused once; now waiting about an hour
+	close(f.open)
+	if err := s.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if st := s.Stats(); st.Acked != n {
+		t.Fatalf("stats %+v, want %d records acknowledged", st, n)
+	}
+	if b := <-got; len(b) == 0 {
+		t.Fatal("the collector got no batch")
 	}
 }

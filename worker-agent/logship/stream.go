@@ -31,6 +31,9 @@ func (s *Shipper) run() {
 		MaxInterval:         s.cfg.ReconnectMax,
 	}
 	bo.Reset()
+	// Close cuts one backoff wait short, so that the flush is tried at once rather
+	// than after a wait that may outlast CloseTimeout; later waits run their course.
+	closing := s.closing
 	for {
 		if s.flushed() || s.hardStop.Err() != nil {
 			return
@@ -53,6 +56,8 @@ func (s *Shipper) run() {
 		t := time.NewTimer(wait)
 		select {
 		case <-t.C:
+		case <-closing:
+			closing = nil
 		case <-s.hardStop.Done():
 		}
 		t.Stop()
