@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	pb "github.com/smartroute/smartroute/proto/smartroutev1"
 	"github.com/smartroute/smartroute/worker-agent/logship"
 )
@@ -225,7 +227,10 @@ func TestRestartMidStreamKeepsEveryRecordOnce(t *testing.T) {
 	dir := t.TempDir()
 	crashed := make(chan struct{})
 	var once sync.Once
-	first := startCollector(t, Config{Dir: dir, hooks: &testHooks{afterWrite: func(worker string, seq uint64) error {
+	// Both sides log to the test: shown only if it fails (it failed once in CI, 20 s
+	// with nothing acknowledged after the restart, and never again in 100 runs).
+	logger := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel)
+	first := startCollector(t, Config{Dir: dir, Logger: logger.With().Str("collector", "first").Logger(), hooks: &testHooks{afterWrite: func(worker string, seq uint64) error {
 		if seq < 3 {
 			return nil
 		}
@@ -235,6 +240,7 @@ func TestRestartMidStreamKeepsEveryRecordOnce(t *testing.T) {
 	s, err := logship.New(logship.Config{
 		URL: first.ingestURL(), WorkerID: "w1", BatchRecords: 7, MaxInFlight: 2,
 		ReconnectMin: time.Millisecond, ReconnectMax: 20 * time.Millisecond, CloseTimeout: 20 * time.Second,
+		Logger: logger.With().Str("shipper", "w1").Logger(),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -249,7 +255,7 @@ func TestRestartMidStreamKeepsEveryRecordOnce(t *testing.T) {
 	<-crashed
 	first.stop()
 	write(n/3, 2*n/3) // the collector is away
-	startCollector(t, Config{Dir: dir, Addr: first.addr})
+	startCollector(t, Config{Dir: dir, Addr: first.addr, Logger: logger.With().Str("collector", "second").Logger()})
 	write(2*n/3, n)
 	if err := s.Close(); err != nil {
 		t.Fatalf("shipper Close: %v", err)
