@@ -49,6 +49,10 @@ type Config struct {
 	// MaxAttempts is how many times an item is issued (timeouts and failed answers)
 	// before it goes to the rejected file. Default 3.
 	MaxAttempts int
+	// RetryDelay is how long an item waits after a failed answer before it is issued
+	// again. It doubles with each failed answer of the item, and is at least the
+	// answer's Retry-After (the rest of a failing label's cool-down). Default 1s.
+	RetryDelay time.Duration
 	// Lookahead is how many read but not yet issued lines the label-aware order chooses
 	// from. Default half of MaxOutOfOrder (5000).
 	Lookahead int
@@ -108,6 +112,9 @@ func (c Config) WithDefaults() Config {
 		c.WorkTimeout = 5 * time.Minute
 	}
 	defInt(&c.MaxAttempts, 3)
+	if c.RetryDelay == 0 {
+		c.RetryDelay = time.Second
+	}
 	defInt(&c.LabelsAtOnce, 3)
 	defInt(&c.MaxOutOfOrder, 10000)
 	defInt(&c.Lookahead, max(1, c.MaxOutOfOrder/2))
@@ -153,6 +160,7 @@ func (c Config) validate() error {
 	positive("Concurrency", int64(c.Concurrency))
 	positive("WorkTimeout", int64(c.WorkTimeout))
 	positive("MaxAttempts", int64(c.MaxAttempts))
+	positive("RetryDelay", int64(c.RetryDelay))
 	positive("Lookahead", int64(c.Lookahead))
 	positive("MaxOutOfOrder", int64(c.MaxOutOfOrder))
 	positive("LabelsAtOnce", int64(c.LabelsAtOnce))

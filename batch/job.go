@@ -57,7 +57,9 @@ type item struct {
 	seq      int // the current attempt; reports of other attempts are stale
 	inFlight bool
 	issuedAt time.Time
-	cancel   context.CancelFunc
+	// notBefore holds a reissue after a failed answer back until then (RetryDelay).
+	notBefore time.Time
+	cancel    context.CancelFunc
 
 	done bool
 	out  []byte // the output line, newline included
@@ -337,6 +339,11 @@ func (j *job) nextWake(now time.Time) time.Duration {
 	if j.pausing {
 		wake = min(wake, j.pauseTill.Sub(now))
 	}
+	for _, it := range j.retry {
+		if it.notBefore.After(now) { // one that is ready waits for a slot, not a time
+			wake = min(wake, it.notBefore.Sub(now))
+		}
+	}
 	return max(wake, 0)
 }
 
@@ -379,11 +386,12 @@ func (j *job) fill() error {
 // the label of the oldest line not issued. Lines read during a pass wait for the
 // label's next pass instead of trickling out one by one, which would degrade to file
 // order; passes are finite, so no line waits for more than one round.
-func (j *job) pick() *item {
-	if len(j.retry) > 0 {
-		it := j.retry[0]
-		j.retry = j.retry[1:]
-		return it
+func (j *job) pick(now time.Time) *item {
+	for i, it := range j.retry {
+		if !now.Before(it.notBefore) {
+			j.retry = slices.Delete(j.retry, i, i+1)
+			return it
+		}
 	}
 	if j.pending == 0 {
 		return nil
@@ -448,7 +456,7 @@ func (j *job) issue(ctx context.Context, now time.Time) {
 		j.pausing = false
 	}
 	for j.running < j.cfg.Concurrency {
-		it := j.pick()
+		it := j.pick(now)
 		if it == nil {
 			return
 		}
@@ -584,7 +592,11 @@ func (j *job) handle(r report) {
 		j.pause(max(j.bo.NextBackOff(), r.retryAfter), fmt.Sprintf("dispatcher refused the task for now (%d)", r.status), errors.New(msg))
 		j.retry = append(j.retry, it)
 	default:
+		// A failed answer: running it again at once would likely fail the same way (a
+		// label in the dispatcher's cool-down fails every task within milliseconds, and
+		// says for how long in Retry-After), spending the item's attempts.
 		it.failures++
+		it.notBefore = time.Now().Add(max(min(j.cfg.RetryDelay<<min(it.failures-1, 10), 5*time.Minute), r.retryAfter))
 		j.failAttempt(it, fmt.Sprintf("dispatcher answered %d: %s", r.status, msg))
 	}
 }

@@ -136,7 +136,8 @@ func setup(t *testing.T, f *fakeDispatcher, lines []string) Config {
 	if err := os.WriteFile(in, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	return Config{DispatcherURL: f.srv.URL, Input: in, Output: filepath.Join(dir, "out.jsonl"), Concurrency: 4, CheckpointInterval: 10 * time.Millisecond}
+	return Config{DispatcherURL: f.srv.URL, Input: in, Output: filepath.Join(dir, "out.jsonl"), Concurrency: 4, CheckpointInterval: 10 * time.Millisecond,
+		RetryDelay: time.Millisecond}
 }
 
 func run(t *testing.T, cfg Config) Summary {
@@ -572,6 +573,78 @@ func TestRetryAfterHonouredOn429(t *testing.T) {
 	}
 	if gap := at[1].Sub(at[0]); gap < time.Second {
 		t.Errorf("resubmitted %v after a 429 with Retry-After: 1", gap)
+	}
+}
+
+// attemptTimes serves /run-task with answer(nth), nth counting from 0, and records
+// when each request came.
+func attemptTimes(t *testing.T, answer func(w http.ResponseWriter, req runTaskBody, nth int)) (*fakeDispatcher, func() []time.Time) {
+	var mu sync.Mutex
+	var at []time.Time
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req runTaskBody
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		mu.Lock()
+		at = append(at, time.Now())
+		nth := len(at) - 1
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		answer(w, req, nth)
+	}))
+	t.Cleanup(srv.Close)
+	return &fakeDispatcher{srv: srv}, func() []time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(at)
+	}
+}
+
+// A label in the dispatcher's failing cool-down fails its tasks at once with 503 and
+// the rest of the cool-down in Retry-After. The item waits that long instead of spending
+// its attempts within milliseconds, and then completes.
+func TestFailedAnswerWaitsOutRetryAfter(t *testing.T) {
+	t.Parallel()
+	f, times := attemptTimes(t, func(w http.ResponseWriter, req runTaskBody, nth int) {
+		if nth == 0 {
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = fmt.Fprintf(w, `{"task_id":%q,"status":"failed","error":"label \"label-1\" is failing to load"}`, req.TaskID)
+			return
+		}
+		_, _ = w.Write([]byte(completed(req)))
+	})
+	cfg := setup(t, f, taskLines(1))
+	s := run(t, cfg)
+	checkOutput(t, cfg.Output, 1)
+	at := times()
+	if len(at) != 2 {
+		t.Fatalf("%d requests, want 2", len(at))
+	}
+	if gap := at[1].Sub(at[0]); gap < time.Second {
+		t.Errorf("issued again %v after a failed answer with Retry-After: 1", gap)
+	}
+	if s.Reissued != 1 || s.Completed != 1 {
+		t.Errorf("summary %+v", s)
+	}
+}
+
+// Without a Retry-After, the wait after each failed answer starts at RetryDelay and
+// doubles.
+func TestFailedAnswersBackOff(t *testing.T) {
+	t.Parallel()
+	f, times := attemptTimes(t, func(w http.ResponseWriter, req runTaskBody, _ int) {
+		w.WriteHeader(http.StatusBadGateway)
+		_, _ = fmt.Fprintf(w, `{"task_id":%q,"status":"failed","error":"worker error: out of memory"}`, req.TaskID)
+	})
+	cfg := setup(t, f, taskLines(1))
+	cfg.RetryDelay = 100 * time.Millisecond
+	s := run(t, cfg)
+	at := times()
+	if len(at) != 3 || s.Rejected != 1 {
+		t.Fatalf("%d requests, summary %+v; want 3 and the line rejected", len(at), s)
+	}
+	if g1, g2 := at[1].Sub(at[0]), at[2].Sub(at[1]); g1 < 100*time.Millisecond || g2 < 200*time.Millisecond {
+		t.Errorf("waits between attempts %v, %v; want at least 100ms, then 200ms", g1, g2)
 	}
 }
 

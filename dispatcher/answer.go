@@ -5,6 +5,7 @@ import (
 	"math"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/labstack/echo/v4"
 )
@@ -15,6 +16,18 @@ var jsonContentType = []string{echo.MIMEApplicationJSON}
 
 // answerBuffers recycles the buffers answers are encoded into.
 var answerBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+
+// writeAnswer writes a finished task's /run-task answer. Caller has received from
+// rec.done.
+func (d *Dispatcher) writeAnswer(c echo.Context, rec *taskRecord) error {
+	if !rec.retryAt.IsZero() {
+		if wait := rec.retryAt.Sub(d.hub.clock.Now()); wait > 0 {
+			// Whole seconds, rounded up: retrying earlier would fail the same way.
+			c.Response().Header().Set("Retry-After", strconv.FormatInt(int64((wait+time.Second-1)/time.Second), 10))
+		}
+	}
+	return writeView(c, rec.answerStatus(), rec.view())
+}
 
 // writeView answers with a task view. It is the per-task answer, so it is encoded by
 // hand rather than by reflection (encoding/json also re-validated the worker's result,

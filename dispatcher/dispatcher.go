@@ -186,7 +186,7 @@ func (d *Dispatcher) runTask(c echo.Context) error {
 	}
 	select { // answered already (a resubmitted id): no timer needed
 	case <-rec.done:
-		return writeView(c, rec.answerStatus(), rec.view())
+		return d.writeAnswer(c, rec)
 	default:
 	}
 	// Wait for the answer. A producer that goes away leaves the task running; its
@@ -198,7 +198,7 @@ func (d *Dispatcher) runTask(c echo.Context) error {
 	}
 	select {
 	case <-rec.done:
-		return writeView(c, rec.answerStatus(), rec.view())
+		return d.writeAnswer(c, rec)
 	case <-c.Request().Context().Done():
 		return nil
 	case <-overdue:

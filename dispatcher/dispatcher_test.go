@@ -217,6 +217,7 @@ func (w *fakeWorker) finish(a *pb.TaskAssignment, ok bool, result string) {
 type answer struct {
 	status int
 	body   map[string]any
+	header http.Header
 }
 
 // postAsync posts in the background and delivers the answer on the returned channel.
@@ -231,7 +232,7 @@ func (b *bundle) postAsync(body string) <-chan answer {
 		defer resp.Body.Close()
 		var out map[string]any
 		_ = json.NewDecoder(resp.Body).Decode(&out)
-		ch <- answer{resp.StatusCode, out}
+		ch <- answer{resp.StatusCode, out, resp.Header}
 	}()
 	return ch
 }

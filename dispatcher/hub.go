@@ -320,6 +320,9 @@ func (h *hub) apply(out *scheduler.Outcome) {
 		case scheduler.FailLabelFailing:
 			// 503: the label may work again after the cool-down.
 			status = http.StatusServiceUnavailable
+			if until, _, ok := h.sched.LabelFailing(f.Task.Label); ok && !rec.finished() {
+				rec.retryAt = until
+			}
 			msg = fmt.Sprintf("label %q is failing to load (%d failures within %v; cool-down %v): %s", f.Task.Label,
 				h.cfg.Scheduler.LabelFailureThreshold, h.cfg.Scheduler.LabelFailureWindow, h.cfg.Scheduler.LabelFailureCooldown, f.LoadError)
 		case scheduler.FailNoWorkerCanLoad:

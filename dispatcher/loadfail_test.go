@@ -1,6 +1,8 @@
 package dispatcher
 
 import (
+	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -56,7 +58,7 @@ func TestLoadFailureRunsElsewhereThenLabelFailsFast(t *testing.T) {
 		t.Fatalf("after a load failure on w1: %v", a2)
 	}
 	w2.finish(a2, true, `"ok"`)
-	if got := <-ans; got.status != 200 || got.body["worker_id"] != "w2" {
+	if got := <-ans; got.status != 200 || got.body["worker_id"] != "w2" || got.header.Get("Retry-After") != "" {
 		t.Fatalf("answer %v", got)
 	}
 
@@ -70,10 +72,15 @@ func TestLoadFailureRunsElsewhereThenLabelFailsFast(t *testing.T) {
 	if got.status != 503 || !strings.Contains(got.body["error"].(string), "weights corrupt") || !strings.Contains(got.body["error"].(string), "failing") {
 		t.Fatalf("task whose label tripped: %v", got)
 	}
-	code, out := b.post("/run-task", `{"task_id":"lf-3","task_type":"x","label":"bad2"}`)
-	if code != 503 || !strings.Contains(out["error"].(string), "weights corrupt") {
-		t.Fatalf("task for a failing label: %d %v", code, out)
+	// Retry-After is the rest of the cool-down (an hour), so a producer waits it out
+	// instead of spending its retries at once; a resubmitted id's stored answer too.
+	checkCoolDownLeft(t, "the task whose label tripped", got.header)
+	got = <-b.postAsync(`{"task_id":"lf-3","task_type":"x","label":"bad2"}`)
+	if got.status != 503 || !strings.Contains(got.body["error"].(string), "weights corrupt") {
+		t.Fatalf("task for a failing label: %v", got)
 	}
+	checkCoolDownLeft(t, "a task for the failing label", got.header)
+	checkCoolDownLeft(t, "lf-3 submitted again", (<-b.postAsync(`{"task_id":"lf-3","task_type":"x","label":"bad2"}`)).header)
 	// Other labels still run.
 	w3 := b.dial("w3", "fine")
 	ans = b.postAsync(`{"task_id":"lf-4","task_type":"x","label":"fine"}`)
@@ -81,6 +88,15 @@ func TestLoadFailureRunsElsewhereThenLabelFailsFast(t *testing.T) {
 	w3.finish(a, true, `"ok"`)
 	if got := <-ans; got.status != 200 {
 		t.Fatalf("a healthy label: %v", got)
+	}
+}
+
+// checkCoolDownLeft checks that an answer's Retry-After is the rest of an hour's
+// cool-down, in whole seconds rounded up.
+func checkCoolDownLeft(t *testing.T, what string, h http.Header) {
+	t.Helper()
+	if s, err := strconv.Atoi(h.Get("Retry-After")); err != nil || s > 3600 || s < 3500 {
+		t.Errorf("%s: Retry-After %q, want the rest of an hour's cool-down", what, h.Get("Retry-After"))
 	}
 }
 

@@ -37,6 +37,9 @@ type taskRecord struct {
 	errMsg     string
 	httpStatus int
 	finishedAt time.Time
+	// retryAt, for a failed answer, is when the task might work if submitted again
+	// (a failing label's cool-down ends): /run-task says so in Retry-After.
+	retryAt time.Time
 	// journaled: the journal holds this task and must learn its answer.
 	journaled bool
 	done      chan struct{}

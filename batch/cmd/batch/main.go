@@ -49,6 +49,7 @@ func run() (int, error) {
 	fs.IntVar(&cfg.Concurrency, "concurrency", 64, "tasks in flight at once")
 	fs.DurationVar(&cfg.WorkTimeout, "work-timeout", 5*time.Minute, "an item unanswered for this long is issued again (changeable while running: POST /work-timeout)")
 	fs.IntVar(&cfg.MaxAttempts, "max-attempts", 3, "timeouts and failed answers before an item goes to the rejected file")
+	fs.DurationVar(&cfg.RetryDelay, "retry-delay", time.Second, "wait after a failed answer before issuing the item again; doubles with each, at least the answer's Retry-After")
 	fs.IntVar(&cfg.Lookahead, "lookahead", 0, "read but not yet issued lines the label order chooses from (0: half of --max-out-of-order)")
 	fs.IntVar(&cfg.LabelsAtOnce, "labels-at-once", 3, "label passes issued in turn (well under the labels the fleet holds at once)")
 	fs.IntVar(&cfg.MaxOutOfOrder, "max-out-of-order", 10000, "lines held from the oldest unwritten one to the newest read one; reading stops when full")
