@@ -119,7 +119,7 @@ func (lr *lineReader) next() ([]byte, int64, error) {
 		switch {
 		case tooLong > 0: // skipping the rest of a long line
 			tooLong += len(chunk)
-		case len(lr.buf)+len(chunk) > lr.maxLine+1: // +1: the newline
+		case len(lr.buf)+len(chunk) > lr.maxLine+2: // +2: room for "\r\n"; exact check below
 			tooLong = len(lr.buf) + len(chunk)
 			lr.buf = lr.buf[:0]
 		default:
@@ -137,6 +137,10 @@ func (lr *lineReader) next() ([]byte, int64, error) {
 			return nil, lr.offset, &errLineTooLong{n: tooLong, max: lr.maxLine}
 		}
 		line := bytes.TrimSuffix(lr.buf, []byte("\n"))
-		return bytes.TrimSuffix(line, []byte("\r")), lr.offset, nil
+		line = bytes.TrimSuffix(line, []byte("\r"))
+		if len(line) > lr.maxLine { // the limit is on the line, whatever ends it
+			return nil, lr.offset, &errLineTooLong{n: len(line), max: lr.maxLine}
+		}
+		return line, lr.offset, nil
 	}
 }

@@ -79,6 +79,25 @@ func TestLineReaderOffsetsAndLongLines(t *testing.T) {
 	}
 }
 
+// The limit is on the line itself, whatever ends it: "\r\n", "\n", or the end of the
+// input.
+func TestLineReaderLimitIgnoresTheLineEnd(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		in   string
+		long bool
+	}{
+		{"12345678\n", false}, {"12345678\r\n", false}, {"12345678", false},
+		{"123456789\n", true}, {"123456789\r\n", true}, {"123456789", true}, {"1234567\r\r\n", false},
+	} {
+		l, end, err := newLineReader(strings.NewReader(c.in), 0, 8).next()
+		var tl *errLineTooLong
+		if long := errors.As(err, &tl); long != c.long || (err != nil && !long) || end != int64(len(c.in)) {
+			t.Errorf("%q with an 8-byte limit: line %q, end %d, err %v; want too long: %v", c.in, l, end, err, c.long)
+		}
+	}
+}
+
 // FuzzParseLine feeds arbitrary input through the line reader and the parser: nothing
 // panics, offsets account for every byte, and an accepted line has a label and a type.
 func FuzzParseLine(f *testing.F) {
