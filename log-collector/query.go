@@ -97,11 +97,18 @@ func parseQueryTime(name, s string, now time.Time) (time.Time, error) {
 	return time.Time{}, fmt.Errorf("%s %q: want an RFC 3339 time such as 2006-01-02T15:04:05Z or a duration ago such as 15m", name, s)
 }
 
-// recordFields are the fields a query filters on.
+// recordFields are the fields a query filters on. Raw, so that a record whose level or
+// event is not a string (a worker's logger is not ours to vouch for) is still shown;
+// it only fails a filter on that field.
 type recordFields struct {
-	Level string          `json:"level"`
-	Event string          `json:"event"`
+	Level json.RawMessage `json:"level"`
+	Event json.RawMessage `json:"event"`
 	Time  json.RawMessage `json:"time"`
+}
+
+// jsonString is raw as a string; ok is false for any other JSON value.
+func jsonString(raw json.RawMessage) (s string, ok bool) {
+	return s, len(raw) > 0 && raw[0] == '"' && json.Unmarshal(raw, &s) == nil
 }
 
 // matchedRecord is a record a query returns.
@@ -117,13 +124,16 @@ func (q *logQuery) match(line []byte) (time.Time, bool) {
 		return time.Time{}, false
 	}
 	if q.minLevel != zerolog.NoLevel {
-		lvl, err := zerolog.ParseLevel(f.Level)
+		level, _ := jsonString(f.Level)
+		lvl, err := zerolog.ParseLevel(level)
 		if err != nil || lvl == zerolog.NoLevel || lvl < q.minLevel {
 			return time.Time{}, false
 		}
 	}
-	if q.event != "" && f.Event != q.event {
-		return time.Time{}, false
+	if q.event != "" {
+		if event, ok := jsonString(f.Event); !ok || event != q.event {
+			return time.Time{}, false
+		}
 	}
 	t, ok := recordTime(f.Time)
 	if (!q.since.IsZero() || !q.until.IsZero()) && !ok {

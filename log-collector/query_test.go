@@ -71,6 +71,41 @@ func TestLogsQuery(t *testing.T) {
 	}
 }
 
+// A record whose level or event is not a string is still a record: shown by a query
+// that does not filter on that field, left out by one that does.
+func TestLogsQueryShowsRecordsWithOddFields(t *testing.T) {
+	t.Parallel()
+	r := startCollector(t, Config{})
+	a, _ := connect(t, r.ingestURL(), "w3", "s1")
+	a.batch(1, 0, `{"level":5,"event":{"k":1},"message":"numeric level"}`, `{"level":"warn","event":7,"message":"numeric event"}`,
+		`{"level":"warn","event":"7","message":"string event"}`)
+	for _, tc := range []struct {
+		query string
+		want  []string // messages, in order
+	}{
+		{"worker=w3", []string{"numeric level", "numeric event", "string event"}},
+		{"worker=w3&level=warn", []string{"numeric event", "string event"}},
+		{"worker=w3&event=7", []string{"string event"}},
+	} {
+		code, body := r.get("/logs?" + tc.query)
+		var resp struct {
+			Records []struct {
+				Message string `json:"message"`
+			} `json:"records"`
+		}
+		if err := json.Unmarshal(body, &resp); code != 200 || err != nil {
+			t.Fatalf("%s: %d %s (%v)", tc.query, code, body, err)
+		}
+		var got []string
+		for _, rec := range resp.Records {
+			got = append(got, rec.Message)
+		}
+		if strings.Join(got, "|") != strings.Join(tc.want, "|") {
+			t.Errorf("%s: got %q, want %q", tc.query, got, tc.want)
+		}
+	}
+}
+
 func TestLogsQueryErrors(t *testing.T) {
 	t.Parallel()
 	r := startCollector(t, Config{})
