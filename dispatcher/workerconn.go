@@ -379,9 +379,5 @@ func writeClose(ws *websocket.Conn, d *Disconnect, timeout time.Duration) {
 	if code < 1000 {
 		code = websocket.CloseNormalClosure
 	}
-	reason := d.Reason
-	if len(reason) > 120 { // a close frame's payload is at most 125 bytes
-		reason = reason[:120]
-	}
-	_ = ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, reason), time.Now().Add(timeout))
+	_ = ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, frame.CloseReason(d.Reason)), time.Now().Add(timeout))
 }

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/smartroute/smartroute/proto/credential"
+	"github.com/smartroute/smartroute/proto/frame"
 	pb "github.com/smartroute/smartroute/proto/smartroutev1"
 )
 
@@ -67,10 +68,7 @@ type ingestConn struct {
 // safe from any goroutine.
 func (ic *ingestConn) closeWith(code int, reason string) {
 	ic.once.Do(func() {
-		if len(reason) > 120 {
-			reason = reason[:120]
-		}
-		msg := websocket.FormatCloseMessage(code, reason)
+		msg := websocket.FormatCloseMessage(code, frame.CloseReason(reason))
 		_ = ic.ws.WriteControl(websocket.CloseMessage, msg, time.Now().Add(ic.writeTimeout))
 		_ = ic.ws.Close()
 		close(ic.done)

@@ -236,10 +236,7 @@ func (s *session) closeNormally() {
 
 // closeWith sends a close frame with code and reason, then ends the session with err.
 func (s *session) closeWith(code int, reason string, err error) {
-	if len(reason) > 120 { // a close frame's payload is at most 125 bytes
-		reason = reason[:120]
-	}
-	msg := websocket.FormatCloseMessage(code, reason)
+	msg := websocket.FormatCloseMessage(code, frame.CloseReason(reason))
 	_ = s.conn.WriteControl(websocket.CloseMessage, msg, time.Now().Add(s.writeTimeout))
 	// The writer may be holding a batch, this close frame included: send it before
 	// the socket closes.
