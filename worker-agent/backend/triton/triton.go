@@ -510,19 +510,7 @@ func (b *Backend) unload(ctx context.Context, label string) error {
 	if _, err := b.call(ctx, "unload", label, http.MethodPost, "/v2/repository/models/"+url.PathEscape(label)+"/unload", nil); err != nil {
 		return err
 	}
-	state, err := b.awaitIndex(ctx, func(entries []indexEntry) string {
-		state := ""
-		for _, e := range entries {
-			if e.Name == label && e.State != "" {
-				state = e.State
-			}
-		}
-		// Absent, never loaded, or UNAVAILABLE: the memory is free.
-		if state == "UNAVAILABLE" {
-			return ""
-		}
-		return state
-	}, nil)
+	state, err := b.awaitIndex(ctx, func(entries []indexEntry) string { return heldState(entries, label) }, nil)
 	switch {
 	case err == nil:
 		return nil
@@ -533,6 +521,24 @@ func (b *Backend) unload(ctx context.Context, label string) error {
 		return fmt.Errorf("triton unload %q: still %s: %w", label, state, ctx.Err())
 	}
 	return fmt.Errorf("triton unload %q: waiting for the unload to end: %w", label, err)
+}
+
+// heldState is the state of a version of label that still holds memory (READY,
+// LOADING, UNLOADING), UNLOADING first; "" when none does: the label is absent, never
+// loaded, or every version is UNAVAILABLE. The index lists each version of a model
+// on its own row.
+func heldState(entries []indexEntry, label string) string {
+	state := ""
+	for _, e := range entries {
+		if e.Name != label || e.State == "" || e.State == "UNAVAILABLE" {
+			continue
+		}
+		if e.State == "UNLOADING" {
+			return e.State
+		}
+		state = e.State
+	}
+	return state
 }
 
 // Run runs one task on a loaded label.
