@@ -418,7 +418,9 @@ func (b *Backend) runLoad(ctx context.Context, label string, m *modelOps, c *loa
 				}
 			}
 		}
-		m.release()
+		// Released once the load is marked, so that an Unload waiting for the lock
+		// cannot run in between and be undone by the mark.
+		defer m.release()
 	}
 	b.mu.Lock()
 	if m.load == c {
