@@ -18,7 +18,8 @@ type Config struct {
 	// RepoDir is the repository the binaries are built from (--repo). Zero means the
 	// nearest directory holding go.work at or above the working directory.
 	RepoDir string
-	// BinDir holds prebuilt "dispatcher" and "worker-agent" binaries (--bin-dir). Zero
+	// BinDir holds prebuilt "dispatcher", "worker-agent", "log-collector" and, for the
+	// triton backend, "fake-triton" binaries (--bin-dir). Zero
 	// means build them from RepoDir into a temporary directory removed at the end.
 	BinDir string
 	// OutDir receives each run's logs and records, one subdirectory per mode (--out).

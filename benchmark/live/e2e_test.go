@@ -10,8 +10,10 @@ import (
 	"encoding/xml"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
@@ -169,6 +171,40 @@ func TestEndToEnd(t *testing.T) {
 		var root struct{ XMLName xml.Name }
 		if err := xml.Unmarshal(svg, &root); err != nil || root.XMLName.Local != "svg" {
 			t.Errorf("chart: root %v, err %v", root.XMLName, err)
+		}
+	})
+
+	t.Run("a reused --out counts only the latest run", func(t *testing.T) {
+		t.Parallel()
+		out := t.TempDir()
+		for run := 1; run <= 2; run++ {
+			cfg := e2eConfig(t, binDir, &pidLog{})
+			cfg.OutDir, cfg.Requests = out, 20
+			results, err := Measure(t.Context(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The collector appends to the files it finds: the second run must not
+			// count the first one's records.
+			if ws, ps := results[0].Worker, results[0].Producer; ws.TasksCompleted != 20 || ws.LabelMisses != ps.LabelMisses {
+				t.Errorf("run %d into one --out: workers %d completed, %d misses; dispatcher's answers %d misses",
+					run, ws.TasksCompleted, ws.LabelMisses, ps.LabelMisses)
+			}
+		}
+	})
+
+	t.Run("an unwritable chart path is refused before anything starts", func(t *testing.T) {
+		t.Parallel()
+		pids := &pidLog{}
+		cfg := e2eConfig(t, binDir, pids)
+		cfg.Compare = true
+		cfg.ChartPath = filepath.Join(t.TempDir(), "no-such-dir", "chart.svg")
+		err := Run(t.Context(), cfg, io.Discard)
+		pids.mu.Lock()
+		started := len(pids.pids)
+		pids.mu.Unlock()
+		if err == nil || !strings.Contains(err.Error(), "--chart") || started != 0 {
+			t.Errorf("err %v after %d processes started; want a --chart error before any", err, started)
 		}
 	})
 

@@ -31,6 +31,22 @@ const (
 // Run is `benchmark run`: it measures one mode, or both with cfg.Compare, and writes
 // the report to stdout (text, or JSON with cfg.JSON) and the chart to cfg.ChartPath.
 func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
+	// Open the chart's file before measuring: a path that cannot be written must not
+	// throw away minutes of measurement.
+	var chart *os.File
+	if cfg.ChartPath != "" && cfg.Compare {
+		f, err := os.Create(cfg.ChartPath)
+		if err != nil {
+			return fmt.Errorf("--chart: %w", err)
+		}
+		chart = f
+		defer func() {
+			if chart != nil { // not written: do not leave an empty file behind
+				chart.Close()
+				os.Remove(cfg.ChartPath)
+			}
+		}()
+	}
 	results, err := Measure(ctx, cfg)
 	if err != nil {
 		return err
@@ -42,23 +58,25 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 		return report.WriteText(stdout, results[0])
 	}
 	c := report.Comparison{Routing: results[0], Random: results[1]}
-	if cfg.ChartPath != "" {
-		if err := writeChart(cfg.ChartPath, c); err != nil {
-			return err
+	// The results first: a chart that fails to write must not take them with it.
+	var outErr error
+	if cfg.JSON {
+		outErr = report.WriteComparisonJSON(stdout, c)
+	} else {
+		outErr = report.WriteComparison(stdout, c)
+	}
+	if chart != nil {
+		f := chart
+		chart = nil
+		if err := writeChart(f, c); err != nil {
+			return errors.Join(outErr, err)
 		}
 		cfg.Logger.Info().Str("path", cfg.ChartPath).Msg("chart written")
 	}
-	if cfg.JSON {
-		return report.WriteComparisonJSON(stdout, c)
-	}
-	return report.WriteComparison(stdout, c)
+	return outErr
 }
 
-func writeChart(path string, c report.Comparison) error {
-	f, err := os.Create(path)
-	if err != nil {
-		return fmt.Errorf("--chart: %w", err)
-	}
+func writeChart(f *os.File, c report.Comparison) error {
 	if err := report.WriteChart(f, c); err != nil {
 		f.Close()
 		return fmt.Errorf("--chart: %w", err)
@@ -153,6 +171,12 @@ func runMode(ctx context.Context, cfg Config, bins binaries, random bool, outDir
 	log := cfg.Logger.With().Str("mode", mode).Logger()
 	cfg.Logger = log
 	dir := filepath.Join(outDir, mode)
+	// A fresh directory: the log collector appends to the files it finds and the
+	// dispatcher reruns the journal it finds, so an earlier run's records would be
+	// counted in this one (batch-compare does the same).
+	if err := os.RemoveAll(dir); err != nil {
+		return report.Result{}, err
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return report.Result{}, err
 	}

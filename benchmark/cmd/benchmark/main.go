@@ -54,7 +54,7 @@
 //	--log-level L         dispatcher log level [info]
 //	--repo DIR            repository to build from [the directory holding go.work
 //	                      at or above the working directory]
-//	--bin-dir DIR         use the prebuilt dispatcher and worker-agent in DIR
+//	--bin-dir DIR         use the prebuilt dispatcher, worker-agent, log-collector (and fake-triton) in DIR
 //	--out DIR             logs and records, one subdirectory per mode [a new
 //	                      directory under the system's temporary directory]
 //	--ready-timeout D     bound on the dispatcher and workers becoming ready [30s]
@@ -232,30 +232,32 @@ func addClusterFlags(fs *flag.FlagSet, cfg *live.Config) {
 	fs.DurationVar(&cfg.TaskTimeout, "task-timeout", cfg.TaskTimeout, "dispatcher --task-timeout; 0 keeps its default")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "dispatcher log level")
 	fs.StringVar(&cfg.RepoDir, "repo", "", "repository to build from (default: go.work at or above the working directory)")
-	fs.StringVar(&cfg.BinDir, "bin-dir", "", "use prebuilt dispatcher and worker-agent binaries from this directory")
-	fs.StringVar(&cfg.OutDir, "out", "", "directory for logs and records (default: a new temporary directory)")
+	fs.StringVar(&cfg.BinDir, "bin-dir", "", "use prebuilt binaries from this directory: dispatcher, worker-agent, log-collector, and fake-triton for --backend triton")
+	fs.StringVar(&cfg.OutDir, "out", "", "directory for logs and records; its routing/ and random/ are replaced (default: a new temporary directory)")
 	fs.DurationVar(&cfg.ReadyTimeout, "ready-timeout", cfg.ReadyTimeout, "bound on the dispatcher and workers becoming ready")
 	fs.DurationVar(&cfg.StopTimeout, "stop-timeout", cfg.StopTimeout, "grace after SIGTERM before SIGKILL")
 }
 
-// scenarioArg finds --scenario's value among the arguments (before flag parsing).
+// scenarioArg finds --scenario's value among the arguments (before flag parsing); as
+// with any flag, the last one given wins.
 func scenarioArg(args []string) string {
+	last := ""
 	for i, a := range args {
 		if a == "--" {
-			return ""
+			break
 		}
 		name := strings.TrimLeft(a, "-")
 		if len(a)-len(name) < 1 || len(a)-len(name) > 2 {
 			continue
 		}
 		if v, ok := strings.CutPrefix(name, "scenario="); ok {
-			return v
+			last = v
 		}
 		if name == "scenario" && i+1 < len(args) {
-			return args[i+1]
+			last = args[i+1]
 		}
 	}
-	return ""
+	return last
 }
 
 func seconds(v float64) time.Duration { return time.Duration(v * float64(time.Second)) }

@@ -123,6 +123,12 @@ func TestParseRunScenario(t *testing.T) {
 	if err != nil || cfg.Labels != 5 || cfg.WaitAvg != 2500*time.Millisecond || cfg.Requests != 100 || cfg.NumWorkers != 3 {
 		t.Errorf("seed-5 with overrides: %+v %v", cfg, err)
 	}
+	// Given twice (task compare passes seed-4, then the user's), the last wins, as for
+	// any flag.
+	cfg, err = parseRun([]string{"--compare", "--scenario", "seed-4", "--scenario", "seed-5"}, env(nil), &bytes.Buffer{})
+	if err != nil || cfg.Labels != 5 || cfg.WaitAvg != 2500*time.Millisecond || cfg.TimeScale != 0.02 {
+		t.Errorf("--scenario seed-4 --scenario seed-5: %+v %v", cfg, err)
+	}
 	if _, err := parseRun([]string{"--scenario", "seed-9"}, env(nil), &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), "seed-4") {
 		t.Errorf("unknown scenario: %v", err)
 	}
