@@ -280,6 +280,7 @@ func settings(cfg Config) report.Settings {
 		SyncShare:   cfg.SyncShare,
 		TimeScale:   cfg.TimeScale,
 		Seed:        cfg.Seed,
+		Backend:     cfg.Backend,
 		SimLoadTime: cfg.SimLoadTime,
 		SimRunTime:  cfg.SimRunTime,
 	}

@@ -100,7 +100,7 @@ func WriteComparison(w io.Writer, c Comparison) error {
 	row("Tasks Completed", fmt.Sprint(rt.Worker.TasksCompleted), fmt.Sprint(rd.Worker.TasksCompleted), "")
 	row("Average Task Runtime", s(rt.Worker.AvgTaskRuntime), s(rd.Worker.AvgTaskRuntime), c.Runtime().Text)
 	if rt.Settings.TimeScale != 1 && rt.Settings.TimeScale > 0 {
-		row("  at time-scale 1", s(rt.Settings.unscaled(rt.Worker.AvgTaskRuntime)), s(rd.Settings.unscaled(rd.Worker.AvgTaskRuntime)), "")
+		row("  at time-scale 1", s(rt.Settings.unscaledRuntime(rt.Worker)), s(rd.Settings.unscaledRuntime(rd.Worker)), "")
 	}
 	row("Total Failed Requests", fmt.Sprint(rt.Producer.Failed), fmt.Sprint(rd.Producer.Failed), "")
 	row("Mean Latency", s(rt.Producer.Latency.Mean), s(rd.Producer.Latency.Mean), durRatio(rt.Producer.Latency.Mean, rd.Producer.Latency.Mean).Text)

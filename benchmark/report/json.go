@@ -1,6 +1,7 @@
 package report
 
 import (
+	"cmp"
 	"encoding/json"
 	"io"
 	"maps"
@@ -12,19 +13,20 @@ import (
 // The JSON forms: times in seconds as floats, keys in snake_case.
 
 type jsonSettings struct {
-	Workers      int     `json:"workers"`
-	MaxLabels    int     `json:"max_labels"`
-	Slots        int     `json:"slots"`
-	Requests     int     `json:"requests"`
-	Producers    int     `json:"producers"`
-	Labels       int     `json:"labels"`
-	WaitAvgS     float64 `json:"wait_avg_s"`
-	WaitStddevS  float64 `json:"wait_stddev_s"`
-	SyncShare    float64 `json:"sync_share"`
-	TimeScale    float64 `json:"time_scale"`
-	Seed         int64   `json:"seed"`
-	SimLoadTimeS float64 `json:"sim_load_time_s"`
-	SimRunTimeS  float64 `json:"sim_run_time_s"`
+	Workers      int      `json:"workers"`
+	MaxLabels    int      `json:"max_labels"`
+	Slots        int      `json:"slots"`
+	Requests     int      `json:"requests"`
+	Producers    int      `json:"producers"`
+	Labels       int      `json:"labels"`
+	WaitAvgS     float64  `json:"wait_avg_s"`
+	WaitStddevS  float64  `json:"wait_stddev_s"`
+	SyncShare    float64  `json:"sync_share"`
+	TimeScale    float64  `json:"time_scale"`
+	Seed         int64    `json:"seed"`
+	Backend      string   `json:"backend"`
+	SimLoadTimeS float64  `json:"sim_load_time_s"`
+	SimRunTimeS  *float64 `json:"sim_run_time_s,omitempty"` // none beside fake Tritons: runs are their inference
 }
 
 type jsonWorkerStats struct {
@@ -103,6 +105,11 @@ func toJSON(r Result) jsonResult {
 		workers[id] = jsonWorkerStats{w.LabelMisses, w.TasksCompleted, w.TasksFailed}
 	}
 	l := ps.Latency
+	var simRun *float64
+	if st.Backend != BackendTriton {
+		v := s(st.SimRunTime)
+		simRun = &v
+	}
 	return jsonResult{
 		Mode:   r.Mode,
 		RunID:  r.RunID,
@@ -112,12 +119,12 @@ func toJSON(r Result) jsonResult {
 			Requests: st.Requests, Producers: st.Producers, Labels: st.Labels,
 			WaitAvgS: s(st.WaitAvg), WaitStddevS: s(st.WaitStddev),
 			SyncShare: st.SyncShare, TimeScale: st.TimeScale, Seed: st.Seed,
-			SimLoadTimeS: s(st.SimLoadTime), SimRunTimeS: s(st.SimRunTime),
+			Backend: cmp.Or(st.Backend, "sim"), SimLoadTimeS: s(st.SimLoadTime), SimRunTimeS: simRun,
 		},
 		Worker: jsonWorker{
 			LabelMisses: ws.LabelMisses, TasksCompleted: ws.TasksCompleted, TasksFailed: ws.TasksFailed,
 			AvgTaskRuntime:         s(ws.AvgTaskRuntime),
-			AvgTaskRuntimeUnscaled: s(st.unscaled(ws.AvgTaskRuntime)),
+			AvgTaskRuntimeUnscaled: s(st.unscaledRuntime(ws)),
 			AvgLoadTime:            s(ws.AvgLoadTime), AvgRunTime: s(ws.AvgRunTime),
 			Workers: workers, LogLinesSkipped: ws.Skipped,
 		},

@@ -35,10 +35,17 @@ type Settings struct {
 	SyncShare  float64
 	TimeScale  float64
 	Seed       int64
-	// SimLoadTime and SimRunTime are the simulated backend's times before scaling.
+	// Backend is the agents' backend: "sim" (or empty) or "triton" (beside fake
+	// Tritons, whose loads are scaled and whose runs are real inference).
+	Backend string
+	// SimLoadTime and SimRunTime are the simulated backend's times before scaling
+	// (only the load time, for the fake Tritons' loads, with the triton backend).
 	SimLoadTime time.Duration
 	SimRunTime  time.Duration
 }
+
+// BackendTriton is Settings.Backend for agents beside fake Tritons.
+const BackendTriton = "triton"
 
 // Result is one measured run.
 type Result struct {
@@ -62,6 +69,9 @@ func (s Settings) Describe() string {
 		fmt.Fprintf(&b, ", %.0f%% sync", s.SyncShare*100)
 	}
 	fmt.Fprintf(&b, ", time-scale %g, seed %d", s.TimeScale, s.Seed)
+	if s.Backend == BackendTriton {
+		b.WriteString(", triton backend")
+	}
 	return b.String()
 }
 
@@ -72,6 +82,17 @@ func (s Settings) unscaled(d time.Duration) time.Duration {
 		return d
 	}
 	return time.Duration(float64(d) / s.TimeScale)
+}
+
+// unscaledRuntime is the average task runtime at time-scale 1. The simulated backend
+// scales loads and runs alike; beside the fake Tritons only loads are scaled and runs
+// are real inference, so the run part stays as measured.
+func (s Settings) unscaledRuntime(w workerlog.Summary) time.Duration {
+	if s.Backend != BackendTriton {
+		return s.unscaled(w.AvgTaskRuntime)
+	}
+	run := min(w.AvgRunTime, w.AvgTaskRuntime)
+	return s.unscaled(w.AvgTaskRuntime-run) + run
 }
 
 func secs(d time.Duration) string { return fmt.Sprintf("%.4f", d.Seconds()) }
@@ -91,7 +112,7 @@ func WriteText(w io.Writer, r Result) error {
 	ew.printf("Tasks Completed: %d\n", ws.TasksCompleted)
 	ew.printf("Average Task Runtime: %s seconds", secs(ws.AvgTaskRuntime))
 	if r.Settings.TimeScale != 1 && r.Settings.TimeScale > 0 {
-		ew.printf(" (%s s at time-scale 1)", secs(r.Settings.unscaled(ws.AvgTaskRuntime)))
+		ew.printf(" (%s s at time-scale 1)", secs(r.Settings.unscaledRuntime(ws)))
 	}
 	ew.printf("\n")
 

@@ -110,6 +110,38 @@ func TestWriteTextScaledAndNotes(t *testing.T) {
 	}
 }
 
+// Beside fake Tritons only loads are scaled; runs are real inference and stay as
+// measured when the runtime is put back at time-scale 1.
+func TestTritonRuntimeUnscalesOnlyLoads(t *testing.T) {
+	t.Parallel()
+	r := seedResult(ModeRouting, 10, 0.0230)
+	r.Settings.TimeScale, r.Settings.Backend = 0.05, BackendTriton
+	r.Worker.AvgRunTime = 3 * time.Millisecond // of the 23 ms: 20 ms of (scaled) loads
+	var b bytes.Buffer
+	if err := WriteText(&b, r); err != nil {
+		t.Fatal(err)
+	}
+	if want := "Average Task Runtime: 0.0230 seconds (0.4030 s at time-scale 1)"; !strings.Contains(b.String(), want) {
+		t.Errorf("output lacks %q:\n%s", want, b.String())
+	}
+	b.Reset()
+	if err := WriteJSON(&b, r); err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Settings map[string]any `json:"settings"`
+		Worker   struct {
+			Unscaled float64 `json:"avg_task_runtime_unscaled_s"`
+		} `json:"worker"`
+	}
+	if err := json.Unmarshal(b.Bytes(), &got); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := got.Settings["sim_run_time_s"]; ok || got.Settings["backend"] != "triton" || math.Abs(got.Worker.Unscaled-0.403) > 1e-9 {
+		t.Errorf("JSON settings %v, unscaled runtime %v; want backend triton, no sim_run_time_s, 0.403", got.Settings, got.Worker.Unscaled)
+	}
+}
+
 func TestRatios(t *testing.T) {
 	t.Parallel()
 	c := seedComparison()
