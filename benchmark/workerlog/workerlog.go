@@ -89,7 +89,7 @@ func Summarize(logs ...io.Reader) (Summary, error) {
 
 type accumulator struct {
 	s                        Summary
-	misses                   map[string]bool // "worker_id\x00task_id" of the misses counted
+	misses                   map[string]int // "worker_id\x00task_id" of the misses counted: the attempt (0: unknown)
 	runtimeMS, loadMS, runMS float64
 	loads                    int
 }
@@ -120,14 +120,18 @@ func (a *accumulator) line(b []byte) {
 
 func (a *accumulator) miss(r record) {
 	if r.TaskID != "" {
+		// A task's label_miss and its task_completed both report one load. A second
+		// attempt of the task on the same worker (it reconnected and got the task back)
+		// is a second load; a record without an attempt (older agents' label_miss)
+		// matches any.
 		key := r.WorkerID + "\x00" + r.TaskID
-		if a.misses[key] {
+		if prev, seen := a.misses[key]; seen && (prev == 0 || r.Attempt == 0 || prev == r.Attempt) {
 			return
 		}
 		if a.misses == nil {
-			a.misses = map[string]bool{}
+			a.misses = map[string]int{}
 		}
-		a.misses[key] = true
+		a.misses[key] = r.Attempt
 	}
 	a.s.LabelMisses++
 	a.worker(r.WorkerID, func(w *WorkerStats) { w.LabelMisses++ })

@@ -97,6 +97,16 @@ func TestSummarizeTable(t *testing.T) {
 			misses: 2,
 		},
 		{
+			// A worker that reconnects and gets its task back loads the label again.
+			name: "two attempts of one task that both loaded on one worker are two misses",
+			log: `{"event":"label_miss","worker_id":"w1","task_id":"t","attempt":1,"label":"a","load_ms":400}` + "\n" +
+				`{"event":"label_miss","worker_id":"w1","task_id":"t","attempt":2,"label":"a","load_ms":400}` + "\n" +
+				`{"event":"task_completed","worker_id":"w1","task_id":"t","attempt":2,"label":"a","label_miss":true,"total_ms":450,"ok":true}`,
+			misses:     2,
+			completed:  1,
+			avgRuntime: 450 * time.Millisecond,
+		},
+		{
 			name:       "no trailing newline and CRLF",
 			log:        "{\"event\":\"task_completed\",\"task_id\":\"a\",\"total_ms\":1,\"ok\":true}\r\n{\"event\":\"task_completed\",\"task_id\":\"b\",\"total_ms\":3,\"ok\":true}",
 			completed:  2,
