@@ -143,51 +143,55 @@ func startCluster(ctx context.Context, spec clusterSpec) (_ *cluster, err error)
 		}
 	}
 
-	// The log collector first: the agents stream their records to it from the start.
-	collectorAddr, err := freeLoopbackAddr()
-	if err != nil {
-		return c, err
-	}
-	c.collectorDir = filepath.Join(spec.dir, "collector")
-	c.collector, err = startProcess("log-collector", spec.bins.collector,
-		[]string{"--addr", collectorAddr, "--dir", c.collectorDir, "--log-level", "warn"}, env, spec.dir)
-	if err != nil {
-		return c, err
-	}
-	started(c.collector)
-	if err := waitUntil(ctx, cfg.ReadyTimeout, []*process{c.collector}, func(ctx context.Context) error {
-		return checkHealth(ctx, client, "http://"+collectorAddr)
-	}); err != nil {
-		return c, fmt.Errorf("waiting for the log collector's /health: %w", err)
+	// startServer starts a server on a free loopback port and waits for its /health,
+	// into *slot so that stop ends it whatever happens. The port is found free and then
+	// given to the process, so another can take it in between: a process that exits
+	// saying so is started again on another port.
+	startServer := func(slot **process, name, bin string, args func(addr string) []string) (string, error) {
+		for attempt := 1; ; attempt++ {
+			addr, err := freeLoopbackAddr()
+			if err != nil {
+				return "", err
+			}
+			p, err := startProcess(name, bin, args(addr), env, spec.dir)
+			if err != nil {
+				return "", err
+			}
+			*slot = p
+			started(p)
+			err = waitUntil(ctx, cfg.ReadyTimeout, []*process{p}, func(ctx context.Context) error {
+				return checkHealth(ctx, client, "http://"+addr)
+			})
+			if err == nil {
+				return addr, nil
+			}
+			if attempt < portAttempts && p.exited() && strings.Contains(tailLines(p.stderrPath, 50)+tailLines(p.stdoutPath, 50), "address already in use") {
+				c.log.Warn().Str("addr", addr).Msg(name + " port taken; trying another")
+				if err := p.stop(c.stopGrace); err != nil {
+					return "", err
+				}
+				continue
+			}
+			return "", fmt.Errorf("waiting for the %s's /health: %w", name, err)
+		}
 	}
 
-	var addr string
-	for attempt := 1; ; attempt++ {
-		if addr, err = freeLoopbackAddr(); err != nil {
-			return c, err
-		}
-		c.baseURL = "http://" + addr
-		c.dispatcher, err = startProcess("dispatcher", spec.bins.dispatcher, dispatcherArgs(cfg, addr, spec.random, spec.dir, spec.dispatcherArgs), env, spec.dir)
-		if err != nil {
-			return c, err
-		}
-		started(c.dispatcher)
-		c.log.Info().Str("addr", addr).Bool("random_dispatch", spec.random).Int("pid", c.dispatcher.pid()).Msg("dispatcher started")
-		err = waitUntil(ctx, cfg.ReadyTimeout, []*process{c.dispatcher}, func(ctx context.Context) error {
-			return checkHealth(ctx, client, c.baseURL)
-		})
-		if err == nil {
-			break
-		}
-		if attempt < portAttempts && c.dispatcher.exited() && strings.Contains(tailLines(c.dispatcher.stderrPath, 50)+tailLines(c.dispatcher.stdoutPath, 50), "address already in use") {
-			c.log.Warn().Str("addr", addr).Msg("dispatcher port taken; trying another")
-			if err := c.dispatcher.stop(c.stopGrace); err != nil {
-				return c, err
-			}
-			continue
-		}
-		return c, fmt.Errorf("waiting for the dispatcher's /health: %w", err)
+	// The log collector first: the agents stream their records to it from the start.
+	c.collectorDir = filepath.Join(spec.dir, "collector")
+	collectorAddr, err := startServer(&c.collector, "log-collector", spec.bins.collector, func(addr string) []string {
+		return []string{"--addr", addr, "--dir", c.collectorDir, "--log-level", "warn"}
+	})
+	if err != nil {
+		return c, err
 	}
+	addr, err := startServer(&c.dispatcher, "dispatcher", spec.bins.dispatcher, func(addr string) []string {
+		return dispatcherArgs(cfg, addr, spec.random, spec.dir, spec.dispatcherArgs)
+	})
+	if err != nil {
+		return c, err
+	}
+	c.baseURL = "http://" + addr
+	c.log.Info().Str("addr", addr).Bool("random_dispatch", spec.random).Int("pid", c.dispatcher.pid()).Msg("dispatcher started")
 
 	want := make([]string, cfg.NumWorkers)
 	for i := range cfg.NumWorkers {
