@@ -1,6 +1,8 @@
 package dispatcher
 
 import (
+	"fmt"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -55,5 +57,48 @@ func TestShutdownTimeoutCancelsRunningAttempts(t *testing.T) {
 	}
 	if err := <-runErr; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A drain reason that is not UTF-8 cannot go into a Drain frame as it is. The worker
+// must still be told (the reason cleaned), or it would sit connected and out of the
+// routing for good.
+func TestDrainReasonNotUTF8StillReachesTheWorker(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	w := b.dial("w1", "m")
+	if code, out := b.post("/workers/w1/drain?reason=disk%ff", ""); code != 202 {
+		t.Fatalf("drain: %d %v", code, out)
+	}
+	if d := w.read().GetDrain(); d == nil || d.GetReason() != "disk\uFFFD" {
+		t.Fatalf("want a Drain with the reason cleaned, got %v", d)
+	}
+}
+
+// Ids are escaped in paths as clients escape them (encodeURIComponent, Python's
+// quote(safe=""), url.PathEscape): GET /tasks/{id} and POST /workers/{id}/drain take
+// them unescaped, as /run-task and the hello took them.
+func TestEscapedIDsInPaths(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	for _, c := range []struct{ id, path string }{
+		{"job/1", "job%2F1"}, {"job:2", "job%3A2"}, {"a=b", "a%3Db"}, {"x+y", "x%2By"},
+	} {
+		if code, out := b.post("/run-task", fmt.Sprintf(`{"task_id":%q,"task_type":"t","label":"m","return_result":false}`, c.id)); code != 202 {
+			t.Fatalf("submit %q: %d %v", c.id, code, out)
+		}
+		if code, out := b.get("/tasks/" + c.path); code != 200 || out["task_id"] != c.id {
+			t.Errorf("GET /tasks/%s for the accepted id %q: %d %v", c.path, c.id, code, out)
+		}
+	}
+	b = setup(t, Config{}) // a fleet with no tasks: the first frame a worker reads is the Drain
+	for _, id := range []string{"pod/1", "pod%1", "pod?1", "pod#1"} {
+		w := b.dial(id, "m")
+		if code, out := b.post("/workers/"+url.PathEscape(id)+"/drain", ""); code != 202 || out["worker_id"] != id {
+			t.Errorf("drain of the connected worker %q: %d %v", id, code, out)
+		}
+		if w.read().GetDrain() == nil {
+			t.Errorf("worker %q got no Drain", id)
+		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"sync"
 	"time"
@@ -207,7 +208,11 @@ func (d *Dispatcher) runTask(c echo.Context) error {
 }
 
 func (d *Dispatcher) getTask(c echo.Context) error {
-	id, err := parseTaskID(c.Param("id"))
+	raw, err := pathParam(c, "id")
+	if err != nil {
+		return c.JSON(http.StatusBadRequest, errorBody{err.Error()})
+	}
+	id, err := parseTaskID(raw)
 	if err != nil {
 		return c.JSON(http.StatusBadRequest, errorBody{err.Error()})
 	}
@@ -216,6 +221,21 @@ func (d *Dispatcher) getTask(c echo.Context) error {
 		return c.JSON(http.StatusNotFound, errorBody{"unknown task " + id})
 	}
 	return writeView(c, http.StatusOK, v)
+}
+
+// pathParam is a path parameter unescaped. Echo routes on the raw path when the
+// request's escaping is not Go's default (a %2F, or a client that escapes ':' or '='),
+// and then hands the parameter over still escaped.
+func pathParam(c echo.Context, name string) (string, error) {
+	v := c.Param(name)
+	if c.Request().URL.RawPath == "" {
+		return v, nil
+	}
+	u, err := url.PathUnescape(v)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", name, err)
+	}
+	return u, nil
 }
 
 func (d *Dispatcher) getWorkers(c echo.Context) error {
@@ -232,7 +252,10 @@ func (d *Dispatcher) getWorkers(c echo.Context) error {
 // drainWorker asks a connected worker to finish its tasks and take no new ones; the
 // agent then closes its connection (and, as a pod, exits to be replaced).
 func (d *Dispatcher) drainWorker(c echo.Context) error {
-	id := c.Param("id")
+	id, err := pathParam(c, "id")
+	if err != nil {
+		return c.JSON(http.StatusBadRequest, errorBody{err.Error()})
+	}
 	reason := c.QueryParam("reason")
 	if reason == "" {
 		reason = "drain requested through the dispatcher's API"

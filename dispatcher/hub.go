@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -107,7 +108,16 @@ func (h *hub) submit(spec taskSpec) (*taskRecord, error) {
 	}
 	rec.sched = scheduler.Task{ID: spec.id, Label: spec.label, Deadline: now.Add(timeout), Ref: rec}
 	if h.journal == nil || spec.returnResult {
+		if r := h.journaledAnswer(spec.id); r != nil {
+			return r, nil
+		}
 		return h.admit(rec, true)
+	}
+	// Refusals first: a task the queue bounds refuse must not cost two synced commits
+	// (accept, then forget) when the dispatcher is already overloaded. admit checks
+	// again under the lock.
+	if err := h.precheck(spec.id, spec.label); err != nil {
+		return nil, err
 	}
 	// Journal first, outside the lock: the task must be on disk before anything can
 	// run it, and the disk must not hold up other tasks.
@@ -146,6 +156,25 @@ func (h *hub) submit(spec taskSpec) (*taskRecord, error) {
 		h.mu.Unlock()
 	}
 	return got, nil
+}
+
+// precheck refuses, before any disk write, a new id that admit would refuse.
+func (h *hub) precheck(id, label string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closing {
+		return errShuttingDown
+	}
+	if h.knownLocked(id) != nil {
+		return nil // a resubmission: admit returns the known record
+	}
+	if h.sched.QueuedTasks() >= h.cfg.MaxQueued {
+		return &submitError{http.StatusTooManyRequests, fmt.Sprintf("queue full: %d tasks waiting", h.cfg.MaxQueued)}
+	}
+	if err := h.labelQueueFull(label); err != nil {
+		return err
+	}
+	return nil
 }
 
 // admit registers rec and routes it, or returns the record already holding its id.
@@ -248,6 +277,7 @@ func (h *hub) recover(pending, answered []journalEntry) (requeued, expired int) 
 		rec.sched = scheduler.Task{ID: e.ID, Label: e.Label, Deadline: time.Unix(0, e.Deadline), Ref: rec}
 		if !now.Before(rec.sched.Deadline) {
 			h.mu.Lock()
+			h.met.failedTask(rec, failDeadline)
 			h.finish(rec, statusFailed, http.StatusGatewayTimeout, "deadline passed while the dispatcher was down")
 			h.mu.Unlock()
 			expired++
@@ -265,11 +295,43 @@ func (h *hub) recover(pending, answered []journalEntry) (requeued, expired int) 
 // lookup finds a task in flight or answered.
 func (h *hub) lookup(id string) (taskView, bool) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	if rec := h.knownLocked(id); rec != nil {
+		v := rec.view()
+		h.mu.Unlock()
+		return v, true
+	}
+	h.mu.Unlock()
+	if rec := h.journaledAnswer(id); rec != nil {
 		return rec.view(), true
 	}
 	return taskView{}, false
+}
+
+// journaledAnswer returns a journaled answer under id that the memory's count bound
+// dropped before its retention was over; nil when there is none (or no journal, or
+// nothing was dropped early: the common case costs no disk read).
+func (h *hub) journaledAnswer(id string) *taskRecord {
+	if h.journal == nil || !h.finished.droppedAny() { // the request path: one atomic load
+		return nil
+	}
+	now := h.clock.Now()
+	if !h.finished.mayHaveDropped(now) {
+		return nil
+	}
+	h.mu.Lock()
+	known := h.knownLocked(id) != nil
+	h.mu.Unlock()
+	if known {
+		return nil
+	}
+	e, ok, err := h.journal.get(id, now) // outside the lock: a disk read
+	if err != nil {
+		h.log.Error().Err(err).Str("task_id", id).Msg("journal read")
+	}
+	if !ok {
+		return nil
+	}
+	return recordFromEntry(e)
 }
 
 // apply acts on a scheduler outcome. Caller holds mu.
@@ -548,10 +610,17 @@ func (h *hub) drain(workerID, reason string) bool {
 	if wc == nil {
 		return false
 	}
+	// Encoded first: a worker taken out of the routing must be told, or it idles
+	// connected for good.
+	b, err := frame.Encode(nil, &pb.Envelope{Body: &pb.Envelope_Drain{Drain: &pb.Drain{Reason: strings.ToValidUTF8(reason, "\uFFFD")}}})
+	if err != nil {
+		h.log.Error().Err(err).Str("worker_id", workerID).Msg("encode drain")
+		return false
+	}
 	if out, err := h.sched.SetAccepting(workerID, false); err == nil {
 		h.apply(out)
 	}
-	h.sendControl(wc, &pb.Envelope{Body: &pb.Envelope_Drain{Drain: &pb.Drain{Reason: reason}}})
+	wc.send(b)
 	return true
 }
 

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -39,7 +40,8 @@ type journal struct {
 	// under the hub's lock and must not wait for a disk. Guarded by mu.
 	mu      sync.Mutex
 	pending []journalEntry
-	wake    chan struct{} // capacity 1: there is something in pending
+	writing []journalEntry // the batch being committed, until it is on disk; for get
+	wake    chan struct{}  // capacity 1: there is something in pending
 
 	closeOnce sync.Once
 	stop      chan struct{}
@@ -79,7 +81,11 @@ func openJournal(dir string, retention, lockTimeout time.Duration, log zerolog.L
 		return nil, fmt.Errorf("data dir: %w", err)
 	}
 	path := filepath.Join(dir, journalFile)
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: lockTimeout, FreelistType: bolt.FreelistMapType, NoFreelistSync: true})
+	err := checkJournal(path, lockTimeout)
+	var db *bolt.DB
+	if err == nil {
+		db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: lockTimeout, FreelistType: bolt.FreelistMapType, NoFreelistSync: true})
+	}
 	if errors.Is(err, bolt.ErrTimeout) {
 		return nil, fmt.Errorf("%w: %s is locked (waited %v); stop the other dispatcher or give this one its own --data-dir", errDataDirInUse, path, lockTimeout)
 	}
@@ -100,6 +106,45 @@ func openJournal(dir string, retention, lockTimeout time.Duration, log zerolog.L
 		stop: make(chan struct{}), stopped: make(chan struct{})}
 	go j.writeCompletions()
 	return j, nil
+}
+
+// checkJournal reads an existing journal through once, read-only, before it is opened
+// for writing. Opening for writing rebuilds the free list (NoFreelistSync) by walking
+// every page in a goroutine of bbolt's own, where a damaged page is a panic nothing can
+// recover; here the same damage is an error that says what to do.
+func checkJournal(path string, lockTimeout time.Duration) (err error) {
+	st, err := os.Stat(path)
+	if errors.Is(err, os.ErrNotExist) || (err == nil && st.Size() == 0) {
+		return nil // bbolt creates it
+	}
+	if err != nil {
+		return fmt.Errorf("journal %s: %w", path, err)
+	}
+	damaged := func(what any) error {
+		return fmt.Errorf("journal %s is damaged (%v): move it aside to start without it (its pending tasks are lost) or restore it from a backup", path, what)
+	}
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true)) // a read past a truncated file
+	defer func() {
+		if r := recover(); r != nil {
+			err = damaged(r)
+		}
+	}()
+	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: lockTimeout})
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	return db.View(func(tx *bolt.Tx) error {
+		if tx.Size() > st.Size() {
+			return damaged(fmt.Sprintf("%d bytes, its pages need %d", st.Size(), tx.Size()))
+		}
+		return tx.ForEach(func(_ []byte, b *bolt.Bucket) error {
+			return b.ForEach(func(_, v []byte) error {
+				_ = finishedAt(v) // touch the value's pages
+				return nil
+			})
+		})
+	})
 }
 
 func encodeEntry(e *journalEntry) ([]byte, error) {
@@ -162,6 +207,39 @@ func (j *journal) accept(e *journalEntry, now time.Time) (prev *journalEntry, cr
 	return prev, created, err
 }
 
+// get returns the answered entry under id, if the journal holds one within the
+// retention.
+func (j *journal) get(id string, now time.Time) (e journalEntry, ok bool, err error) {
+	// Answers not on disk yet first, newest last.
+	j.mu.Lock()
+	for _, q := range [][]journalEntry{j.pending, j.writing} {
+		for i := len(q) - 1; i >= 0; i-- {
+			if q[i].ID == id && !j.expired(q[i].Finished, now) {
+				e, ok = q[i], true
+				break
+			}
+		}
+		if ok {
+			break
+		}
+	}
+	j.mu.Unlock()
+	if ok {
+		return e, true, nil
+	}
+	err = j.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(tasksBucket).Get([]byte(id))
+		fin := finishedAt(v)
+		if v == nil || fin == 0 || j.expired(fin, now) {
+			return nil
+		}
+		e, err = decodeEntry(v)
+		ok = err == nil
+		return err
+	})
+	return e, ok, err
+}
+
 // forget deletes a task accepted into the journal that the hub then refused.
 func (j *journal) forget(id string) error {
 	return j.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(tasksBucket).Delete([]byte(id)) })
@@ -193,11 +271,15 @@ func (j *journal) writeCompletions() {
 		}
 		j.mu.Lock()
 		batch, j.pending = j.pending, batch[:0]
+		j.writing = batch
 		j.mu.Unlock()
 		if len(batch) > 0 {
 			if err := j.writeAnswers(batch); err != nil {
 				j.log.Error().Err(err).Int("tasks", len(batch)).Msg("journal: answers not written; those tasks run again after a restart")
 			}
+			j.mu.Lock()
+			j.writing = nil
+			j.mu.Unlock()
 			clear(batch)
 		}
 		if stopping {

@@ -7,11 +7,15 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
 )
 
@@ -123,6 +127,9 @@ func TestJournalDeadlinesAndRetentionAcrossRestart(t *testing.T) {
 	}
 	if code, out := second.post("/run-task", `{"task_id":"late","task_type":"t","label":"m"}`); code != http.StatusGatewayTimeout {
 		t.Fatalf("resubmitted expired task: %d %v", code, out)
+	}
+	if got := testutil.ToFloat64(second.d.hub.met.failed.WithLabelValues("m", "deadline")); got != 1 {
+		t.Errorf("tasks_failed_total{label=m,reason=deadline} = %v after a journaled task expired while down, want 1", got)
 	}
 	w := second.dial("w1")
 	if a := w.assignment(); a.TaskId != "keep" {
@@ -366,5 +373,113 @@ func TestShutdownAnswersAProducerWaitingOnAJournaledTask(t *testing.T) {
 	}
 	if a.status != http.StatusServiceUnavailable || !strings.Contains(fmt.Sprint(a.body["error"]), "journaled") {
 		t.Fatalf("waiting producer got %d %v, want 503 saying the task stays journaled", a.status, a.body)
+	}
+}
+
+// Memory keeps at most TaskRetentionCount answers, synchronous ones included; an
+// asynchronous task's answer pushed out of memory early is still in the journal, so
+// GET /tasks/{id} finds it and a synchronous resubmission does not run it again.
+func TestJournaledAnswerBeyondTheCountBound(t *testing.T) {
+	clock := &testClock{now: time.Now()}
+	b := setup(t, Config{DataDir: t.TempDir(), Clock: clock, TaskRetention: time.Hour, TaskRetentionCount: 2})
+	t.Cleanup(func() { b.d.Close() })
+	w := b.dial("w1", "m")
+	if code, _ := b.post("/run-task", `{"task_id":"async-1","task_type":"t","label":"m","return_result":false}`); code != 202 {
+		t.Fatalf("async submit %d", code)
+	}
+	w.finish(w.assignment(), true, `{"v":1}`)
+	waitStatus(t, b, "async-1", "completed")
+	for i := range 2 { // push async-1 out of memory
+		ans := b.postAsync(fmt.Sprintf(`{"task_id":"sync-%d","task_type":"t","label":"m"}`, i))
+		w.finish(w.assignment(), true, `{}`)
+		if got := <-ans; got.status != 200 {
+			t.Fatalf("sync %d: %v", i, got)
+		}
+	}
+	if code, out := b.get("/tasks/async-1"); code != 200 || out["status"] != "completed" {
+		t.Errorf("GET /tasks/async-1 within the retention, its answer in the journal: %d %v", code, out)
+	}
+	ans := b.postAsync(`{"task_id":"async-1","task_type":"t","label":"m"}`)
+	// The worker's next frame is a new task's assignment, not async-1 run again.
+	b.post("/run-task", `{"task_id":"next","task_type":"t","label":"m","return_result":false}`)
+	if a := w.assignment(); a.TaskId != "next" {
+		t.Fatalf("the synchronous resubmission ran the task again: %v", a)
+	}
+	if got := <-ans; got.status != 200 || got.body["status"] != "completed" {
+		t.Errorf("sync resubmission: %v", got)
+	}
+}
+
+// An asynchronous task refused for a full queue writes nothing to the journal: when
+// the dispatcher is overloaded, refusals must not cost synced commits.
+func TestRefusedAsyncSubmitWritesNoJournal(t *testing.T) {
+	b := setup(t, Config{DataDir: t.TempDir(), Clock: &testClock{now: time.Now()}, TaskRetention: time.Hour, MaxQueued: 1})
+	t.Cleanup(func() { b.d.Close() })
+	if code, _ := b.post("/run-task", `{"task_type":"t","label":"m","return_result":false}`); code != 202 {
+		t.Fatal(code)
+	}
+	db := b.d.hub.journal.db
+	writes := func() int64 { st := db.Stats(); return st.TxStats.GetWrite() }
+	before := writes()
+	for range 20 {
+		if code, _ := b.post("/run-task", `{"task_type":"t","label":"m","return_result":false}`); code != 429 {
+			t.Fatalf("want 429, got %d", code)
+		}
+	}
+	if after := writes(); after != before {
+		t.Errorf("20 refused (429) async submissions wrote %d pages to the journal", after-before)
+	}
+}
+
+// TestOpenJournalChild opens a dispatcher on JOURNAL_CHILD_DIR as cmd/dispatcher
+// does; TestDamagedJournalIsAnError runs it in a child process, since the failure it
+// guards against is a panic in a goroutine of bbolt's that would end the test binary.
+func TestOpenJournalChild(t *testing.T) {
+	dir := os.Getenv("JOURNAL_CHILD_DIR")
+	if dir == "" {
+		t.Skip("run by TestDamagedJournalIsAnError")
+	}
+	d, err := New(Config{DataDir: dir, TaskRetention: time.Hour})
+	fmt.Printf("New: %v\n", err)
+	if d != nil {
+		d.Close()
+	}
+}
+
+// A damaged journal (cut short, or a page overwritten) is an error from New that says
+// what to do, not a crash on every start.
+func TestDamagedJournalIsAnError(t *testing.T) {
+	for _, damage := range []string{"truncated", "overwritten"} {
+		dir := t.TempDir()
+		b := setup(t, Config{DataDir: dir, Clock: &testClock{now: time.Now()}, TaskRetention: time.Hour})
+		for i := range 300 {
+			if code, _ := b.post("/run-task", fmt.Sprintf(`{"task_id":"c-%d","task_type":"t","label":"m","return_result":false,"parameters_json":{"pad":"%0200d"}}`, i, i)); code != 202 {
+				t.Fatalf("submit %d", code)
+			}
+		}
+		if err := b.d.Close(); err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(dir, journalFile)
+		raw, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if damage == "truncated" {
+			raw = raw[:len(raw)/2]
+		} else {
+			for i := 3 * 4096; i < 5*4096 && i < len(raw); i++ {
+				raw[i] = 0xA5
+			}
+		}
+		if err := os.WriteFile(p, raw, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(os.Args[0], "-test.run=^TestOpenJournalChild$", "-test.count=1")
+		cmd.Env = append(os.Environ(), "JOURNAL_CHILD_DIR="+dir)
+		out, _ := cmd.CombinedOutput()
+		if !strings.Contains(string(out), "is damaged") || strings.Contains(string(out), "panic:") {
+			t.Errorf("%s journal: want New to say it is damaged, got:\n%s", damage, out)
+		}
 	}
 }

@@ -321,3 +321,24 @@ func BenchmarkTaskMetrics(b *testing.B) {
 		m.completedTask(rec, time.Millisecond)
 	}
 }
+
+// A connection refused at its hello (an old agent's protocol version, or no hello in
+// time) counts in worker_disconnects_total, as README lists: an alert for old agents
+// after an upgrade depends on it. The count comes before the close frame, so the
+// worker seeing the close is enough to read it.
+func TestDisconnectsAtHelloAreCounted(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{HelloTimeout: 100 * time.Millisecond})
+	old := b.dialRaw("old")
+	old.write(&pb.Envelope{Body: &pb.Envelope_Hello{Hello: &pb.Hello{WorkerId: "old", MaxLabels: 1, Slots: 1}}})
+	if code, _ := old.closeCode(); code != int(pb.CloseCode_CLOSE_CODE_PROTOCOL_VERSION) {
+		t.Fatalf("close code %d for an old protocol version", code)
+	}
+	if code, _ := b.dialRaw("silent").closeCode(); code != int(pb.CloseCode_CLOSE_CODE_HELLO_TIMEOUT) {
+		t.Fatalf("close code %d for no hello", code)
+	}
+	m := b.d.hub.met.disconnects
+	if pv, ht := testutil.ToFloat64(m.WithLabelValues("protocol_version")), testutil.ToFloat64(m.WithLabelValues("hello_timeout")); pv != 1 || ht != 1 {
+		t.Errorf("worker_disconnects_total{code=protocol_version} = %v, {code=hello_timeout} = %v; want 1 each", pv, ht)
+	}
+}

@@ -1,6 +1,7 @@
 package dispatcher
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/golang-lru/v2/simplelru"
@@ -19,6 +20,12 @@ type retention struct {
 	ttl   time.Duration
 	clock scheduler.Clock
 	tasks *simplelru.LRU[string, *taskRecord]
+	size  int
+	// countDropped is the answer time (Unix ns; 0: none) of the newest record dropped
+	// by the count bound: until that plus the retention, an id missing here may still
+	// be answered in the journal. Atomic, so that the request path can tell "never"
+	// without the hub's lock or a clock read.
+	countDropped atomic.Int64
 }
 
 // sweepBatch bounds the expired records dropped per tick, so that a burst of expiries
@@ -31,11 +38,28 @@ func newRetention(ttl time.Duration, size int, clock scheduler.Clock) *retention
 	if err != nil { // only for a size below one, which Config.validate refuses
 		panic(err)
 	}
-	return &retention{ttl: ttl, clock: clock, tasks: tasks}
+	return &retention{ttl: ttl, clock: clock, tasks: tasks, size: size}
+}
+
+// droppedAny says whether the count bound has ever dropped a record.
+func (r *retention) droppedAny() bool { return r.countDropped.Load() != 0 }
+
+// mayHaveDropped says whether an answer still within the retention at now may have
+// been dropped from memory by the count bound.
+func (r *retention) mayHaveDropped(now time.Time) bool {
+	at := r.countDropped.Load()
+	return at != 0 && now.Sub(time.Unix(0, at)) < r.ttl
 }
 
 // add keeps an answered record; the oldest goes when the count is reached.
-func (r *retention) add(rec *taskRecord) { r.tasks.Add(rec.sched.ID, rec) }
+func (r *retention) add(rec *taskRecord) {
+	if r.tasks.Len() >= r.size {
+		if _, old, ok := r.tasks.GetOldest(); ok && old.finishedAt.UnixNano() > r.countDropped.Load() {
+			r.countDropped.Store(old.finishedAt.UnixNano())
+		}
+	}
+	r.tasks.Add(rec.sched.ID, rec)
+}
 
 // get returns the answered record under id unless its retention is over. The clock is
 // read only for a record found: most lookups are fresh ids.

@@ -254,6 +254,7 @@ func (d *Dispatcher) serveWorker(c echo.Context) error {
 			disc = &Disconnect{Code: pb.CloseCode_CLOSE_CODE_BAD_FRAME, Reason: err.Error()}
 		}
 		wc.log.Warn().Str("worker_id", id).Err(err).Msg("worker refused at hello")
+		d.hub.met.disconnected(disc.Code)
 		writeClose(ws, disc, cfg.WriteTimeout)
 		ws.Close()
 		close(wc.read)
