@@ -58,6 +58,13 @@ func (a *authenticator) load() (*credentials, error) {
 	if err != nil {
 		return nil, err
 	}
+	// A secret in both sets would open both sides, and the separation above would hold
+	// only on paper.
+	for _, h := range producers {
+		if workers.Holds(h) {
+			return nil, fmt.Errorf("a secret is both a worker token and an API key (WorkerTokens/WorkerTokensFile and APIKeys/APIKeysFile): the two must not share secrets, so that a producer key cannot connect as a worker")
+		}
+	}
 	return &credentials{workers: workers, producers: producers}, nil
 }
 

@@ -270,6 +270,7 @@ func TestExposureNeedsCredentialsOrTheInsecureFlag(t *testing.T) {
 		{"unreadable cert", Config{TLSCert: "/nonexistent/c.pem", TLSKey: "/nonexistent/k.pem"}, "TLSCert/TLSKey"},
 		{"token with a space", Config{WorkerTokens: []string{"a b"}}, "WorkerTokens[0]"},
 		{"missing tokens file", Config{WorkerTokensFile: "/nonexistent/tokens"}, "WorkerTokensFile"},
+		{"a secret on both sides", Config{WorkerTokens: []string{"w", "shared"}, APIKeys: []string{"k", "shared"}}, "both a worker token and an API key"},
 	} {
 		_, err := New(tc.cfg)
 		switch {
@@ -302,6 +303,26 @@ func TestAPIKeysFileReload(t *testing.T) {
 	}
 	if q := b.d.hub.sched.QueuedTasks(); q != 2 {
 		t.Fatalf("queued %d, want 2", q)
+	}
+}
+
+// A reload that would put one secret on both sides is refused, and the keys in force
+// stay.
+func TestReloadRefusesASecretOnBothSides(t *testing.T) {
+	t.Parallel()
+	file := filepath.Join(t.TempDir(), "api-keys")
+	writeFile(t, file, "key-1\n")
+	b := setup(t, Config{APIKeysFile: file, WorkerTokens: []string{"worker-secret"}})
+	writeFile(t, file, "key-1\nworker-secret\n")
+	if err := b.d.ReloadCredentials(); err == nil || !strings.Contains(err.Error(), "both a worker token and an API key") {
+		t.Fatalf("reload with a shared secret: %v", err)
+	}
+	task := `{"task_type":"x","label":"m","return_result":false}`
+	if code, _, _ := b.send("POST", "/run-task", task, "X-API-Key", "worker-secret"); code != 403 {
+		t.Errorf("the worker token as an API key after the refused reload: %d, want 403", code)
+	}
+	if code, _, _ := b.send("POST", "/run-task", task, "X-API-Key", "key-1"); code != 202 {
+		t.Errorf("key-1 after the refused reload: %d", code)
 	}
 }
 
