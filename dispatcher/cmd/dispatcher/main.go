@@ -106,6 +106,12 @@ func run(args []string) error {
 	}
 	ev.Msg("garbage collector")
 
+	// SIGHUP re-reads the token and key files. Caught from here on: New replays the
+	// journal, which can take a while, and SIGHUP's default action would end the
+	// process; one that comes meanwhile is handled once New is done.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	d, err := dispatcher.New(dispatcher.Config{
 		Addr:           *addr,
 		RandomDispatch: *random,
@@ -160,11 +166,7 @@ func run(args []string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	// SIGHUP re-reads the token and key files; an error keeps the previous ones (and
-	// is logged by ReloadCredentials).
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
+	// A reload error keeps the previous secrets (and is logged by ReloadCredentials).
 	go func() {
 		for {
 			select {
