@@ -47,6 +47,11 @@ type Config struct {
 	// TaskRetentionCount bounds how many finished tasks are kept in memory. Zero means
 	// 100000.
 	TaskRetentionCount int
+	// TaskRetentionBytes bounds the memory of the finished tasks kept (their results
+	// and errors, plus a fixed cost per task): results of up to a frame each, 100,000
+	// of them could otherwise take gigabytes. The oldest go first; journaled ones are
+	// still answered from the journal. Zero means 256 MiB.
+	TaskRetentionBytes int64
 
 	// DataDir holds the journal of tasks accepted asynchronously (202): they survive a
 	// crash and run when the dispatcher starts again. Empty means no journal, and a
@@ -152,6 +157,9 @@ func (c Config) WithDefaults() Config {
 	if c.TaskRetentionCount == 0 {
 		c.TaskRetentionCount = 100_000
 	}
+	if c.TaskRetentionBytes == 0 {
+		c.TaskRetentionBytes = 256 << 20
+	}
 	if c.MetricsMaxLabels == 0 {
 		c.MetricsMaxLabels = 500
 	}
@@ -185,6 +193,7 @@ func (c Config) validate() error {
 	positive("MaxQueuedPerLabel", int64(c.MaxQueuedPerLabel))
 	positive("MaxParamsBytes", int64(c.MaxParamsBytes))
 	positive("TaskRetentionCount", int64(c.TaskRetentionCount))
+	positive("TaskRetentionBytes", c.TaskRetentionBytes)
 	positive("SendQueueFrames", int64(c.SendQueueFrames))
 	positive("MaxFrameBytes", c.MaxFrameBytes)
 	positive("MetricsMaxLabels", int64(c.MetricsMaxLabels))

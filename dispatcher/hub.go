@@ -69,7 +69,7 @@ func newHub(cfg Config) (*hub, error) {
 		sched:    sched,
 		active:   make(map[string]*taskRecord),
 		workers:  make(map[string]*workerConn),
-		finished: newRetention(cfg.TaskRetention, cfg.TaskRetentionCount, cfg.Clock),
+		finished: newRetention(cfg.TaskRetention, cfg.TaskRetentionCount, cfg.TaskRetentionBytes, cfg.Clock),
 		overdue:  newOverdueWheel(cfg.Clock.Now()),
 	}
 	h.met = newMetrics(h, cfg.MetricsMaxLabels)

@@ -10,7 +10,8 @@ import (
 )
 
 // retention keeps answered tasks for GET /tasks/{id} and resubmissions of their ids,
-// for TaskRetention and at most TaskRetentionCount of them. Guarded by hub.mu.
+// for TaskRetention, at most TaskRetentionCount of them holding at most
+// TaskRetentionBytes. Guarded by hub.mu.
 //
 // Records are kept in the order they were answered: lookups peek and do not refresh
 // them, so the oldest entry is always the first to expire, and the hub's tick drops
@@ -21,9 +22,11 @@ type retention struct {
 	clock scheduler.Clock
 	tasks *simplelru.LRU[string, *taskRecord]
 	size  int
+	// bytes is what the kept records hold (retainedBytes), at most maxBytes.
+	bytes, maxBytes int64
 	// countDropped is the answer time (Unix ns; 0: none) of the newest record dropped
-	// by the count bound: until that plus the retention, an id missing here may still
-	// be answered in the journal. Atomic, so that the request path can tell "never"
+	// by the count or the bytes bound: until that plus the retention, an id missing
+	// here may still be answered in the journal. Atomic, so that the request path can tell "never"
 	// without the hub's lock or a clock read.
 	countDropped atomic.Int64
 }
@@ -33,12 +36,20 @@ type retention struct {
 // already treat them as gone.
 const sweepBatch = 4096
 
-func newRetention(ttl time.Duration, size int, clock scheduler.Clock) *retention {
-	tasks, err := simplelru.NewLRU[string, *taskRecord](size, nil)
+func newRetention(ttl time.Duration, size int, maxBytes int64, clock scheduler.Clock) *retention {
+	r := &retention{ttl: ttl, clock: clock, size: size, maxBytes: maxBytes}
+	tasks, err := simplelru.NewLRU(size, func(_ string, rec *taskRecord) { r.bytes -= retainedBytes(rec) })
 	if err != nil { // only for a size below one, which Config.validate refuses
 		panic(err)
 	}
-	return &retention{ttl: ttl, clock: clock, tasks: tasks, size: size}
+	r.tasks = tasks
+	return r
+}
+
+// retainedBytes is roughly what a kept record holds: its answer, and the record, its
+// strings and the LRU's entry (a fixed 512 bytes).
+func retainedBytes(rec *taskRecord) int64 {
+	return int64(len(rec.result)+len(rec.errMsg)+len(rec.sched.ID)+len(rec.sched.Label)+len(rec.workerID)) + 512
 }
 
 // droppedAny says whether the count bound has ever dropped a record.
@@ -51,14 +62,31 @@ func (r *retention) mayHaveDropped(now time.Time) bool {
 	return at != 0 && now.Sub(time.Unix(0, at)) < r.ttl
 }
 
-// add keeps an answered record; the oldest goes when the count is reached.
+// add keeps an answered record; the oldest go when the count or the bytes are
+// reached.
 func (r *retention) add(rec *taskRecord) {
-	if r.tasks.Len() >= r.size {
-		if _, old, ok := r.tasks.GetOldest(); ok && old.finishedAt.UnixNano() > r.countDropped.Load() {
-			r.countDropped.Store(old.finishedAt.UnixNano())
-		}
+	if old, ok := r.tasks.Peek(rec.sched.ID); ok { // replaced without an eviction
+		r.bytes -= retainedBytes(old)
+	} else if r.tasks.Len() >= r.size {
+		r.dropOldest()
 	}
 	r.tasks.Add(rec.sched.ID, rec)
+	r.bytes += retainedBytes(rec)
+	for r.bytes > r.maxBytes && r.tasks.Len() > 1 {
+		r.dropOldest()
+	}
+}
+
+// dropOldest drops the oldest record before its time, noting when it was answered.
+func (r *retention) dropOldest() {
+	_, old, ok := r.tasks.GetOldest()
+	if !ok {
+		return
+	}
+	if at := old.finishedAt.UnixNano(); at > r.countDropped.Load() {
+		r.countDropped.Store(at)
+	}
+	r.tasks.RemoveOldest()
 }
 
 // get returns the answered record under id unless its retention is over. The clock is

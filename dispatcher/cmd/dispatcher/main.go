@@ -75,6 +75,8 @@ func run(args []string) error {
 	failCooldown := fs.Duration("label-failure-cooldown", 30*time.Second, "how long a failing label's tasks fail at once (503) before a load is tried again")
 	dataDir := fs.String("data-dir", "./data", "directory of the journal of asynchronous tasks (--data-dir= on the command line: no journal, a crash loses them)")
 	retention := fs.Duration("task-retention", 10*time.Minute, "how long a finished task answers GET /tasks/{id} and resubmissions of its id")
+	retentionCount := fs.Int("task-retention-count", 100_000, "most finished tasks kept in memory for --task-retention (journaled ones are also answered from the journal)")
+	retentionBytes := fs.Int64("task-retention-bytes", 256<<20, "most memory the finished tasks kept hold, their results included; the oldest go first")
 	gcTarget := fs.Int("gc-percent", defaultGCPercent, "garbage-collector target as in GOGC (-1: off); GOGC in the environment wins over the default")
 	memRatio := fs.Float64("memory-limit-ratio", 0.9, "share of the container's memory limit (cgroup) set as the Go runtime's soft limit (0: none); GOMEMLIMIT in the environment wins")
 	fs.VisitAll(func(f *flag.Flag) { f.Usage += " (env " + envName(f.Name) + ")" })
@@ -86,6 +88,9 @@ func run(args []string) error {
 	}
 	gcGiven := os.Getenv(envName("gc-percent")) != "" || given(fs, "gc-percent")
 	if err := fromEnv(fs); err != nil {
+		return err
+	}
+	if err := refuseZero(fs); err != nil {
 		return err
 	}
 	level, err := zerolog.ParseLevel(*logLevel)
@@ -118,27 +123,29 @@ func run(args []string) error {
 		Scheduler: scheduler.Config{Policy: scheduler.Policy(*policy), MaxAttempts: *maxAttempts,
 			LoadTimePrior: *loadPrior, RunTimePrior: *runPrior, MaxPassOver: *passOver, PassOverLoads: *passOverLoads,
 			LabelFailureThreshold: *failThreshold, LabelFailureWindow: *failWindow, LabelFailureCooldown: *failCooldown},
-		TaskTimeout:       *taskTimeout,
-		ShutdownTimeout:   *shutdownTimeout,
-		UploaderURL:       *uploaderURL,
-		MaxQueued:         *maxQueued,
-		MaxQueuedPerLabel: *maxQueuedPerLabel,
-		MaxBodyBytes:      *maxBody,
-		MaxParamsBytes:    *maxParams,
-		SendQueueFrames:   *sendQueue,
-		MaxFrameBytes:     *maxFrame,
-		WorkerTokens:      splitList(*workerTokens),
-		WorkerTokensFile:  *workerTokensFile,
-		APIKeys:           splitList(*apiKeys),
-		APIKeysFile:       *apiKeysFile,
-		OpsAuth:           *opsAuth,
-		TLSCert:           *tlsCert,
-		TLSKey:            *tlsKey,
-		InsecureNoAuth:    *insecure,
-		MetricsMaxLabels:  *metricsMaxLabels,
-		DataDir:           *dataDir,
-		TaskRetention:     *retention,
-		Logger:            log,
+		TaskTimeout:        *taskTimeout,
+		ShutdownTimeout:    *shutdownTimeout,
+		UploaderURL:        *uploaderURL,
+		MaxQueued:          *maxQueued,
+		MaxQueuedPerLabel:  *maxQueuedPerLabel,
+		MaxBodyBytes:       *maxBody,
+		MaxParamsBytes:     *maxParams,
+		SendQueueFrames:    *sendQueue,
+		MaxFrameBytes:      *maxFrame,
+		WorkerTokens:       splitList(*workerTokens),
+		WorkerTokensFile:   *workerTokensFile,
+		APIKeys:            splitList(*apiKeys),
+		APIKeysFile:        *apiKeysFile,
+		OpsAuth:            *opsAuth,
+		TLSCert:            *tlsCert,
+		TLSKey:             *tlsKey,
+		InsecureNoAuth:     *insecure,
+		MetricsMaxLabels:   *metricsMaxLabels,
+		DataDir:            *dataDir,
+		TaskRetention:      *retention,
+		TaskRetentionCount: *retentionCount,
+		TaskRetentionBytes: *retentionBytes,
+		Logger:             log,
 	})
 	if err != nil {
 		return err
@@ -178,6 +185,31 @@ func run(args []string) error {
 		}
 	}()
 	return d.Run(ctx, nil)
+}
+
+// zeroMeansDefault are the flags whose zero dispatcher.Config reads as "the default".
+// Someone who writes 0 (no cool-down, no retention) means something else; running
+// with 30s or 10m instead would be a silent surprise.
+var zeroMeansDefault = []string{
+	"task-timeout", "shutdown-timeout", "max-queued", "max-attempts", "load-time-prior", "run-time-prior",
+	"max-pass-over", "pass-over-loads", "metrics-max-labels", "max-body-bytes", "max-params-bytes",
+	"send-queue-frames", "max-frame-bytes", "label-failure-threshold", "label-failure-window",
+	"label-failure-cooldown", "task-retention", "task-retention-count", "task-retention-bytes",
+}
+
+// refuseZero refuses 0 for the flags in zeroMeansDefault, from the command line or
+// the environment.
+func refuseZero(fs *flag.FlagSet) error {
+	for _, name := range zeroMeansDefault {
+		f := fs.Lookup(name)
+		if f == nil {
+			panic("refuseZero: no flag --" + name)
+		}
+		if v := f.Value.String(); v == "0" || v == "0s" {
+			return fmt.Errorf("--%s (%s) must be more than 0; leave it out for the default, %s", name, envName(name), f.DefValue)
+		}
+	}
+	return nil
 }
 
 // splitList splits a comma-separated flag value, dropping empty items.

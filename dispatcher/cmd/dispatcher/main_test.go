@@ -77,3 +77,20 @@ func TestUnexpectedArgumentsRefused(t *testing.T) {
 		t.Fatalf("run with a stray argument: %v", err)
 	}
 }
+
+// Zero is the library's "default" for these flags; on the command line or in the
+// environment it is refused, not quietly replaced by 30s or 10m.
+func TestZeroThatWouldMeanTheDefaultIsRefused(t *testing.T) {
+	for _, args := range [][]string{
+		{"--label-failure-cooldown", "0"}, {"--task-retention=0s"}, {"--max-queued", "0"}, {"--task-retention-bytes", "0"},
+	} {
+		err := run(append([]string{"--addr", "127.0.0.1:0"}, args...))
+		if err == nil || !strings.Contains(err.Error(), "must be more than 0") {
+			t.Errorf("%q: %v", args, err)
+		}
+	}
+	t.Setenv("SHUTDOWN_TIMEOUT", "0s")
+	if err := run([]string{"--addr", "127.0.0.1:0"}); err == nil || !strings.Contains(err.Error(), "--shutdown-timeout (SHUTDOWN_TIMEOUT)") {
+		t.Errorf("SHUTDOWN_TIMEOUT=0s: %v", err)
+	}
+}
