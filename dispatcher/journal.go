@@ -194,12 +194,13 @@ func (j *journal) accept(e *journalEntry, now time.Time) (prev *journalEntry, cr
 		prev, created = nil, false
 		b := tx.Bucket(tasksBucket)
 		if old := b.Get(key); old != nil && !j.expired(finishedAt(old), now) {
-			p, err := decodeEntry(old)
-			if err != nil {
-				return fmt.Errorf("journal record %q: %w", e.ID, err)
+			if p, err := decodeEntry(old); err == nil {
+				prev = &p
+				return nil
 			}
-			prev = &p
-			return nil
+			// A damaged record holds nothing to answer with: the task is accepted anew
+			// rather than refused under that id for good.
+			j.log.Error().Str("task_id", e.ID).Msg("journal: unreadable record replaced")
 		}
 		created = true
 		return b.Put(key, v)
@@ -306,6 +307,7 @@ func (j *journal) writeAnswers(batch []journalEntry) error {
 
 // load returns every pending task and every answer still within the retention.
 func (j *journal) load(now time.Time) (pending, answered []journalEntry, err error) {
+	var damaged [][]byte
 	err = j.db.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(tasksBucket).ForEach(func(k, v []byte) error {
 			fin := finishedAt(v)
@@ -314,8 +316,11 @@ func (j *journal) load(now time.Time) (pending, answered []journalEntry, err err
 			}
 			e, err := decodeEntry(v)
 			if err != nil {
-				// One damaged record must not keep the dispatcher from starting.
-				j.log.Error().Err(err).Str("task_id", string(k)).Msg("journal: unreadable record skipped")
+				// One damaged record must not keep the dispatcher from starting; it is
+				// deleted below, since the sweep, which reads only the answer time,
+				// might never take it.
+				j.log.Error().Err(err).Str("task_id", string(k)).Msg("journal: unreadable record deleted")
+				damaged = append(damaged, bytes.Clone(k))
 				return nil
 			}
 			if fin == 0 {
@@ -326,6 +331,16 @@ func (j *journal) load(now time.Time) (pending, answered []journalEntry, err err
 			return nil
 		})
 	})
+	if err == nil && len(damaged) > 0 {
+		err = j.db.Update(func(tx *bolt.Tx) error {
+			for _, k := range damaged {
+				if err := tx.Bucket(tasksBucket).Delete(k); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
 	return pending, answered, err
 }
 

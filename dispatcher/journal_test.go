@@ -17,6 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
+	bolt "go.etcd.io/bbolt"
 )
 
 // testClock is a clock the test moves by hand.
@@ -481,5 +482,44 @@ func TestDamagedJournalIsAnError(t *testing.T) {
 		if !strings.Contains(string(out), "is damaged") || strings.Contains(string(out), "panic:") {
 			t.Errorf("%s journal: want New to say it is damaged, got:\n%s", damage, out)
 		}
+	}
+}
+
+// An unreadable record (say, written by a build with another format) does not stop the
+// start, is deleted, and its id can be used again: before, every submission under it
+// answered 500 for good.
+func TestUnreadableJournalRecordIsDroppedAndItsIDUsable(t *testing.T) {
+	dir := t.TempDir()
+	clock := &testClock{now: time.Now()}
+	first := setupJournaled(t, dir, clock)
+	for _, id := range []string{"bad-1", "bad-2"} {
+		if code, _ := first.post("/run-task", `{"task_id":"`+id+`","task_type":"t","label":"m","return_result":false}`); code != 202 {
+			t.Fatalf("submit %s: %d", id, code)
+		}
+	}
+	// bad-1's record is damaged before the next start (load meets it), bad-2's after
+	// (a resubmission's accept meets it).
+	damage := func(j *journal, id string) {
+		t.Helper()
+		if err := j.db.Update(func(tx *bolt.Tx) error {
+			return tx.Bucket(tasksBucket).Put([]byte(id), append(make([]byte, 8), "{not json"...))
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	damage(first.d.hub.journal, "bad-1")
+	if err := first.d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	second := setupJournaled(t, dir, clock)
+	if code, _ := second.get("/tasks/bad-1"); code != 404 {
+		t.Errorf("GET /tasks/bad-1 after its record was found unreadable: %d, want 404", code)
+	}
+	if code, out := second.post("/run-task", `{"task_id":"bad-1","task_type":"t","label":"m","return_result":false}`); code != 202 {
+		t.Errorf("bad-1 submitted again: %d %v", code, out)
+	}
+	damage(second.d.hub.journal, "bad-2") // in flight here: the resubmission meets the record
+	if code, out := second.post("/run-task", `{"task_id":"bad-2","task_type":"t","label":"m","return_result":false}`); code != 202 {
+		t.Errorf("bad-2, its record unreadable, submitted again: %d %v", code, out)
 	}
 }
