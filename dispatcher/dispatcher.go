@@ -289,9 +289,13 @@ func (d *Dispatcher) uploadModel(c echo.Context) error {
 		return c.JSON(http.StatusBadGateway, errorBody{"uploader unreachable: " + err.Error()})
 	}
 	defer resp.Body.Close()
-	out, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	const maxUploaderAnswer = 1 << 20
+	out, err := io.ReadAll(io.LimitReader(resp.Body, maxUploaderAnswer+1))
 	if err != nil {
 		return c.JSON(http.StatusBadGateway, errorBody{"reading uploader answer: " + err.Error()})
+	}
+	if len(out) > maxUploaderAnswer { // passed on cut, it would be a broken answer
+		return c.JSON(http.StatusBadGateway, errorBody{fmt.Sprintf("uploader answer larger than %d bytes", maxUploaderAnswer)})
 	}
 	ct := resp.Header.Get("Content-Type")
 	if ct == "" {

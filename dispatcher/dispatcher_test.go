@@ -371,12 +371,20 @@ func TestUploadModelForwarded(t *testing.T) {
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
+		if bytes.Contains(body, []byte("chatty")) { // an answer over 1 MiB
+			w.Write([]byte(`{"status":"success","log":"` + strings.Repeat("x", 1<<20) + `"}`))
+			return
+		}
 		w.Write([]byte(`{"status":"success"}`))
 	}))
 	defer up.Close()
 	b := setup(t, Config{UploaderURL: up.URL})
 	if code, v := b.post("/upload-model", `{"model_id":"mini"}`); code != 200 || v["status"] != "success" {
 		t.Fatalf("forwarded upload: %d %v", code, v)
+	}
+	// Passed on cut at 1 MiB, it would be a 200 with broken JSON.
+	if code, v := b.post("/upload-model", `{"model_id":"mini-chatty"}`); code != 502 || !strings.Contains(v["error"].(string), "larger than") {
+		t.Fatalf("an uploader answer over the bound: %d %v", code, v)
 	}
 }
 
