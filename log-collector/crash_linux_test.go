@@ -42,7 +42,14 @@ func TestCrashDuringFirstBatchDoesNotDuplicate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer syscall.Close(pipe)
+	pipeOpen := true
+	closePipe := func() { // once: a second close of a raw fd closes whatever reused the number
+		if pipeOpen {
+			pipeOpen = false
+			syscall.Close(pipe)
+		}
+	}
+	defer closePipe()
 	chunk := make([]byte, 4096)
 	for {
 		if _, err := syscall.Write(pipe, chunk); errors.Is(err, syscall.EAGAIN) {
@@ -87,7 +94,7 @@ func TestCrashDuringFirstBatchDoesNotDuplicate(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	syscall.Close(pipe) // the first collector's write fails; it is not used again
+	closePipe() // the first collector's write fails; it is not used again
 	a.ws.Close()
 	first.stop()
 
