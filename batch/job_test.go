@@ -543,31 +543,20 @@ func TestRefusal503IsNotAFailedAttempt(t *testing.T) {
 // 100 ms backoff.
 func TestRetryAfterHonouredOn429(t *testing.T) {
 	t.Parallel()
-	var mu sync.Mutex
-	var at []time.Time
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var req runTaskBody
-		_ = json.NewDecoder(r.Body).Decode(&req)
-		mu.Lock()
-		at = append(at, time.Now())
-		first := len(at) == 1
-		mu.Unlock()
-		w.Header().Set("Content-Type", "application/json")
-		if first {
+	f, times := attemptTimes(t, func(w http.ResponseWriter, req runTaskBody, nth int) {
+		if nth == 0 {
 			w.Header().Set("Retry-After", "1")
 			w.WriteHeader(http.StatusTooManyRequests)
 			_, _ = w.Write([]byte(`{"error":"queue full: 10000 tasks waiting"}`))
 			return
 		}
 		_, _ = w.Write([]byte(completed(req)))
-	}))
-	t.Cleanup(srv.Close)
-	cfg := setup(t, &fakeDispatcher{srv: srv}, taskLines(1))
+	})
+	cfg := setup(t, f, taskLines(1))
 	cfg.Concurrency = 1
 	run(t, cfg)
 	checkOutput(t, cfg.Output, 1)
-	mu.Lock()
-	defer mu.Unlock()
+	at := times()
 	if len(at) != 2 {
 		t.Fatalf("%d requests, want 2", len(at))
 	}
