@@ -301,7 +301,9 @@ func (a *agent) serve(ctx context.Context) error {
 				s.wg.Wait()
 				a.cur.CompareAndSwap(s, nil)
 				err, lived = s.err, time.Since(connected)
-				a.log.Info().Err(err).Uint64("conn", s.id).Float64("lived_ms", millis(lived)).Msg("disconnected")
+				abandoned := a.abandon(s)
+				a.log.Info().Err(err).Uint64("conn", s.id).Float64("lived_ms", millis(lived)).
+					Int("abandoned", abandoned).Msg("disconnected")
 			case <-ctx.Done():
 				a.drain(s, "shutdown signal")
 				return nil
@@ -517,6 +519,24 @@ func (a *agent) drain(s *session, reason string) {
 	s.closeNormally()
 	a.cur.CompareAndSwap(s, nil)
 	a.log.Info().Msg("drained")
+}
+
+// abandon cancels the attempts assigned on s, a session that has ended. The dispatcher
+// re-queued them when the connection ended and drops a result of an attempt it no
+// longer waits for, so running on would only take a backend slot beside the new
+// session's tasks (attempt 2 of the same task, often), pin labels the new session's
+// tasks must evict, and hold up a drain. Their results are discarded (errShutdown).
+func (a *agent) abandon(s *session) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := 0
+	for _, rt := range a.tasks {
+		if rt.s == s {
+			rt.cancel(errShutdown)
+			n++
+		}
+	}
+	return n
 }
 
 // finishOffline stops the tasks of a connection that is gone: nobody can receive their

@@ -111,3 +111,32 @@ func TestConfigFromArgs(t *testing.T) {
 		t.Errorf("-h gave %v", err)
 	}
 }
+
+// Zero is Config's "default" for these flags; on the command line or in the
+// environment it is refused, not quietly replaced (--slots 0 ran with 1 slot).
+func TestZeroThatWouldMeanTheDefaultIsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want []string
+	}{
+		{args: []string{"--slots", "0", "--max-labels", "0", "--drain-timeout", "0", "--triton-start-timeout", "0", "--agents", "0"},
+			want: []string{"--slots (SLOTS)", "--max-labels (MAX_LABELS)", "--drain-timeout (DRAIN_TIMEOUT)", "--triton-start-timeout", "--agents (AGENTS)"}},
+		{env: map[string]string{"SLOTS": "0", "TRITON_LOAD_TIMEOUT": "0s", "AGENTS": "-3"},
+			want: []string{"--slots (SLOTS)", "--triton-load-timeout (TRITON_LOAD_TIMEOUT)", "got -3"}},
+		{args: []string{"--sim-load-time", "0", "--sim-run-time", "0"}}, // instant there, and allowed
+	} {
+		_, err := agent.ConfigFromArgs(tc.args, func(k string) string { return tc.env[k] }, io.Discard)
+		if len(tc.want) == 0 {
+			if err != nil {
+				t.Errorf("args %q: %v", tc.args, err)
+			}
+			continue
+		}
+		for _, w := range tc.want {
+			if err == nil || !strings.Contains(err.Error(), w) {
+				t.Errorf("args %q env %v: error %v, want it to name %s", tc.args, tc.env, err, w)
+			}
+		}
+	}
+}

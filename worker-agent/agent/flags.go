@@ -79,8 +79,30 @@ func ConfigFromArgs(args []string, getenv func(string) string, output io.Writer)
 	if err := errors.Join(errs...); err != nil {
 		return Config{}, err
 	}
+	// In Config these zeros mean the default; written on the command line or in the
+	// environment they mean something else (no wait, no slot), and running with the
+	// default instead would be a silent surprise.
+	for _, name := range zeroMeansDefault {
+		f := fs.Lookup(name)
+		if v := f.Value.String(); v == "0" || v == "0s" {
+			errs = append(errs, fmt.Errorf("--%s (%s) must be more than 0; leave it out for the default, %s", name, envName(name), f.DefValue))
+		}
+	}
+	if c.Agents < 1 {
+		errs = append(errs, fmt.Errorf("--agents (AGENTS) must be at least 1, got %d", c.Agents))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return Config{}, err
+	}
 	c.Labels = splitLabels(labels)
 	return c, nil
+}
+
+// zeroMeansDefault are the flags whose zero Config (or triton.Config) reads as the
+// default. The sim durations are not among them: zero is instant there.
+var zeroMeansDefault = []string{
+	"max-labels", "slots", "drain-timeout",
+	"triton-load-timeout", "triton-unload-timeout", "triton-start-timeout",
 }
 
 func envName(flagName string) string {

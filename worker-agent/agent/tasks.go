@@ -169,8 +169,8 @@ func (a *agent) assign(s *session, asg *pb.TaskAssignment) {
 		s.log.Warn().Str("task_id", key.id).Uint32("attempt", key.attempt).Msg("ignoring a duplicate assignment")
 		return
 	case s.tasks >= a.cfg.Slots:
-		// Counted per session: attempts left running by a lost connection (whose
-		// results will be discarded) do not hold up the new connection's work.
+		// Counted per session: attempts of a lost connection, cancelled by abandon but
+		// perhaps not yet returned from the backend, do not hold up the new one's work.
 		refusal = fmt.Sprintf("no free slot: this worker runs %d task(s) at once", a.cfg.Slots)
 	default:
 		// Not a child of workCtx, and no deadline timer of its own: registering with a

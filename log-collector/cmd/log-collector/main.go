@@ -79,6 +79,9 @@ func run() error {
 	if cfg.MaxFiles < 1 || cfg.MaxFileBytes < 1 {
 		return fmt.Errorf("--max-files (%d) and --max-file-bytes (%d) must be at least 1", cfg.MaxFiles, cfg.MaxFileBytes)
 	}
+	if cfg.ShutdownTimeout == 0 {
+		return fmt.Errorf("--shutdown-timeout (SHUTDOWN_TIMEOUT) must be more than 0; leave it out for the default, %s", logcollector.DefaultShutdownTimeout)
+	}
 	for t := range strings.SplitSeq(*ingestTokens, ",") {
 		if t = strings.TrimSpace(t); t != "" {
 			cfg.IngestTokens = append(cfg.IngestTokens, t)

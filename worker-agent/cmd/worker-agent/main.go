@@ -86,7 +86,7 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	context.AfterFunc(ctx, stop) // after the first signal, a second one kills
-	if err := agent.RunMany(ctx, cfg, max(cfg.Agents, 1)); err != nil {
+	if err := agent.RunMany(ctx, cfg, cfg.Agents); err != nil {
 		pprof.StopCPUProfile() // os.Exit skips the deferred stop
 		fmt.Fprintln(os.Stderr, "worker-agent:", err)
 		os.Exit(1)

@@ -1,0 +1,139 @@
+package agent_test
+
+import (
+	"context"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/smartroute/smartroute/proto/frame"
+	pb "github.com/smartroute/smartroute/proto/smartroutev1"
+	"github.com/smartroute/smartroute/worker-agent/agent"
+	"github.com/smartroute/smartroute/worker-agent/backend"
+	"github.com/smartroute/smartroute/worker-agent/backend/backendtest"
+)
+
+// resultWithin reads frames until a task result or d passes. A timeout leaves p
+// unusable for reading (gorilla), so call it last on p.
+func resultWithin(p *peer, d time.Duration) (*pb.TaskResult, error) {
+	_ = p.conn.SetReadDeadline(time.Now().Add(d))
+	for {
+		_, data, err := p.conn.ReadMessage()
+		if err != nil {
+			return nil, err
+		}
+		env, err := frame.Decode(data, 0)
+		if err != nil {
+			return nil, err
+		}
+		if r := env.GetResult(); r != nil {
+			return r, nil
+		}
+	}
+}
+
+// An attempt whose connection was lost is cancelled: its result would be dropped (the
+// dispatcher re-queued it when the connection ended, and drops results of attempts it
+// no longer waits for). Left running, it pinned its label, so the new session's task
+// that must evict that label waited for work nobody would receive.
+func TestLostAttemptDoesNotPinItsLabelAgainstTheNewSession(t *testing.T) {
+	t.Parallel()
+	g := newGate(t)
+	fake := backendtest.New()
+	fake.OnRun = func(ctx context.Context, task backend.Task) ([]byte, error) {
+		if task.ID == "t1" {
+			return []byte(`{}`), g.hold(ctx, task.ID) // a long inference
+		}
+		return []byte(`{}`), nil
+	}
+	h := setup(t, withFake(fake), withConfig(func(c *agent.Config) { c.MaxLabels = 1 }))
+	p := h.connect()
+	p.assign(&pb.TaskAssignment{TaskId: "t1", Label: "a"})
+	g.waitStarted(t)
+	_ = p.conn.NetConn().Close() // network blip / dispatcher restart
+
+	p2 := h.connect()
+	if !slices.Equal(p2.hello.GetHeldLabels(), []string{"a"}) {
+		t.Fatalf("hello held %q", p2.hello.GetHeldLabels())
+	}
+	// What the dispatcher does with a worker that says it is idle with one slot and
+	// one label slot: a task for another label, evicting a.
+	p2.assign(&pb.TaskAssignment{TaskId: "t2", Label: "b", EvictLabel: "a", Attempt: 1})
+	r, err := resultWithin(p2, 2*time.Second)
+	g.open()
+	if err != nil {
+		t.Fatalf("t2 got no result within 2s (%v): it waits for the lost t1", err)
+	}
+	if !r.GetOk() || r.GetTaskId() != "t2" {
+		t.Fatalf("result %v", r)
+	}
+}
+
+// The dispatcher re-queues a lost connection's attempts at the front, and the
+// reconnected worker is idle and holds the label, so attempt 2 of the same task comes
+// back to it. Attempt 1 left running made two runs at once, beyond --slots.
+func TestLostAttemptDoesNotRunBesideItsRetry(t *testing.T) {
+	t.Parallel()
+	g := newGate(t)
+	var running, peak atomic.Int32
+	fake := backendtest.New()
+	fake.OnRun = func(ctx context.Context, task backend.Task) ([]byte, error) {
+		n := running.Add(1)
+		defer running.Add(-1)
+		for {
+			p := peak.Load()
+			if n <= p || peak.CompareAndSwap(p, n) {
+				break
+			}
+		}
+		return []byte(`{}`), g.hold(ctx, task.ID)
+	}
+	h := setup(t, withFake(fake)) // Slots 1
+	p := h.connect()
+	p.assign(&pb.TaskAssignment{TaskId: "t1", Label: "a", Attempt: 1})
+	g.waitStarted(t)
+	_ = p.conn.NetConn().Close()
+
+	p2 := h.connect()
+	p2.assign(&pb.TaskAssignment{TaskId: "t1", Label: "a", Attempt: 2})
+	g.waitStarted(t)
+	if got := peak.Load(); got > 1 {
+		t.Errorf("%d runs at once on a worker with --slots 1 (attempt 1, whose result is dropped, still runs)", got)
+	}
+	g.open()
+	if r := p2.result(); !r.GetOk() || r.GetAttempt() != 2 {
+		t.Fatalf("result %v", r)
+	}
+}
+
+// SIGTERM after a reconnect, with nothing running for the live session: the drain does
+// not wait (--drain-timeout) for the lost session's attempt, whose result is dropped.
+func TestShutdownDoesNotWaitForALostAttempt(t *testing.T) {
+	t.Parallel()
+	g := newGate(t)
+	fake := backendtest.New()
+	fake.OnRun = func(ctx context.Context, task backend.Task) ([]byte, error) {
+		if task.ID == "t1" {
+			return []byte(`{}`), g.hold(ctx, task.ID)
+		}
+		return []byte(`{}`), nil
+	}
+	h := setup(t, withFake(fake)) // DrainTimeout 5s
+	p := h.connect()
+	p.assign(&pb.TaskAssignment{TaskId: "t1", Label: "a"})
+	g.waitStarted(t)
+	_ = p.conn.NetConn().Close()
+	p2 := h.connect()
+	if r := p2.run("t2", "a", ""); !r.GetOk() { // the new session is up
+		t.Fatalf("t2: %v", r)
+	}
+
+	start := time.Now()
+	if err := h.stop(p2); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("shutdown took %s with no task on the live connection (waited for the lost one)", took.Round(time.Millisecond))
+	}
+}
