@@ -120,7 +120,8 @@ type serviceMonitor struct {
 			Interval  string `json:"interval"`
 			Scheme    string `json:"scheme,omitempty"`
 			TLSConfig *struct {
-				CA struct {
+				ServerName string `json:"serverName,omitempty"`
+				CA         struct {
 					Secret *corev1.SecretKeySelector `json:"secret,omitempty"`
 				} `json:"ca"`
 			} `json:"tlsConfig,omitempty"`
@@ -331,7 +332,7 @@ func TestChartDefaultValues(t *testing.T) {
 	if _, ok := de["INSECURE_NO_AUTH"]; ok {
 		t.Error("default values run the dispatcher with INSECURE_NO_AUTH")
 	}
-	if de["WORKER_TOKENS_FILE"].Value == "" || de["API_KEYS_FILE"].Value == "" || de["DATA_DIR"].Value != "/data" {
+	if de["WORKER_TOKENS_FILE"].Value == "" || de["API_KEYS_FILE"].Value == "" || de["DATA_DIR"].Value != "/data" || de["JOURNAL_LOCK_TIMEOUT"].Value != "60s" {
 		t.Errorf("dispatcher env lacks the tokens file or the data dir: %v", de)
 	}
 	var dataClaim string
@@ -436,8 +437,14 @@ func TestChartAllOn(t *testing.T) {
 	checkPods(t, r)
 
 	sm := find[*serviceMonitor](r)
-	if len(sm) != 1 || len(sm[0].Spec.Endpoints) != 2 || sm[0].Spec.Endpoints[0].Authorization == nil {
-		t.Fatalf("ServiceMonitor = %+v, want one with the http and metrics endpoints and authorization", sm)
+	if len(sm) != 1 || len(sm[0].Spec.Endpoints) != 3 || sm[0].Spec.Endpoints[0].Authorization == nil {
+		t.Fatalf("ServiceMonitor = %+v, want one with the http, logs and metrics endpoints and authorization", sm)
+	}
+	// Prometheus dials pod IPs: each https endpoint must name the certificate's Service.
+	for _, e := range sm[0].Spec.Endpoints {
+		if e.Scheme == "https" && (e.TLSConfig == nil || e.TLSConfig.ServerName == "") {
+			t.Errorf("ServiceMonitor endpoint %q scrapes https without tlsConfig.serverName", e.Port)
+		}
 	}
 	// The ServiceMonitor's selector must pick the dispatcher, the collector and the workers.
 	selected := 0

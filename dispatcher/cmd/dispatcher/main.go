@@ -74,6 +74,7 @@ func run(args []string) error {
 	failWindow := fs.Duration("label-failure-window", time.Minute, "window in which load failures of a label are counted")
 	failCooldown := fs.Duration("label-failure-cooldown", 30*time.Second, "how long a failing label's tasks fail at once (503) before a load is tried again")
 	dataDir := fs.String("data-dir", "./data", "directory of the journal of asynchronous tasks (--data-dir= on the command line: no journal, a crash loses them)")
+	lockTimeout := fs.Duration("journal-lock-timeout", time.Second, "how long to wait for another dispatcher to release the journal in --data-dir (a pod being replaced) before failing")
 	retention := fs.Duration("task-retention", 10*time.Minute, "how long a finished task answers GET /tasks/{id} and resubmissions of its id")
 	retentionCount := fs.Int("task-retention-count", 100_000, "most finished tasks kept in memory for --task-retention (journaled ones are also answered from the journal)")
 	retentionBytes := fs.Int64("task-retention-bytes", 256<<20, "most memory the finished tasks kept hold, their results included; the oldest go first")
@@ -143,6 +144,7 @@ func run(args []string) error {
 		MetricsMaxLabels:   *metricsMaxLabels,
 		DataDir:            *dataDir,
 		TaskRetention:      *retention,
+		JournalLockTimeout: *lockTimeout,
 		TaskRetentionCount: *retentionCount,
 		TaskRetentionBytes: *retentionBytes,
 		Logger:             log,
@@ -194,7 +196,7 @@ var zeroMeansDefault = []string{
 	"task-timeout", "shutdown-timeout", "max-queued", "max-attempts", "load-time-prior", "run-time-prior",
 	"max-pass-over", "pass-over-loads", "metrics-max-labels", "max-body-bytes", "max-params-bytes",
 	"send-queue-frames", "max-frame-bytes", "label-failure-threshold", "label-failure-window",
-	"label-failure-cooldown", "task-retention", "task-retention-count", "task-retention-bytes",
+	"label-failure-cooldown", "task-retention", "task-retention-count", "task-retention-bytes", "journal-lock-timeout",
 }
 
 // refuseZero refuses 0 for the flags in zeroMeansDefault, from the command line or
