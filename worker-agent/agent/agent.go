@@ -320,8 +320,12 @@ func (a *agent) serve(ctx context.Context) error {
 			a.finishOffline()
 			return fmt.Errorf("worker %s stops: %w", a.cfg.WorkerID, err)
 		case reconnectNow:
-			a.log.Info().Err(err).Msg("reconnecting at once")
-			continue
+			if lived >= a.cfg.BackoffResetAfter {
+				a.log.Info().Err(err).Msg("reconnecting at once")
+				continue
+			}
+			// Cut off again soon after connecting: back off like any failure, or the
+			// worker and the dispatcher trade hellos in a tight loop.
 		}
 		if lived >= a.cfg.BackoffResetAfter {
 			bo.Reset()

@@ -143,19 +143,25 @@ func TestRefusedTokenBacksOffAndRecovers(t *testing.T) {
 
 func TestReconnectSaysHelloWithHeldLabels(t *testing.T) {
 	t.Parallel()
+	slow := func(p *peer) { p.closeWith(int(pb.CloseCode_CLOSE_CODE_SLOW_WORKER), "too slow") }
 	for _, tc := range []struct {
 		name string
 		drop func(p *peer)
 		log  string // a message the agent logs on this path
+		// resetAfter is BackoffResetAfter: a session that lived this long counts as
+		// healthy (0: the default, 10s, longer than any of these sessions)
+		resetAfter time.Duration
 	}{
-		{"network drop", func(p *peer) { _ = p.conn.NetConn().Close() }, "reconnecting after backoff"},
-		{"shutdown", func(p *peer) { p.closeWith(int(pb.CloseCode_CLOSE_CODE_SHUTDOWN), "restarting") }, "reconnecting after backoff"},
-		{"hello timeout", func(p *peer) { p.closeWith(int(pb.CloseCode_CLOSE_CODE_HELLO_TIMEOUT), "") }, "reconnecting after backoff"},
-		{"slow worker", func(p *peer) { p.closeWith(int(pb.CloseCode_CLOSE_CODE_SLOW_WORKER), "too slow") }, "reconnecting at once"},
+		{"network drop", func(p *peer) { _ = p.conn.NetConn().Close() }, "reconnecting after backoff", 0},
+		{"shutdown", func(p *peer) { p.closeWith(int(pb.CloseCode_CLOSE_CODE_SHUTDOWN), "restarting") }, "reconnecting after backoff", 0},
+		{"hello timeout", func(p *peer) { p.closeWith(int(pb.CloseCode_CLOSE_CODE_HELLO_TIMEOUT), "") }, "reconnecting after backoff", 0},
+		{"slow worker", slow, "reconnecting at once", time.Nanosecond},
+		// Cut off as slow soon after connecting: backoff, not a tight reconnect loop.
+		{"slow worker again soon", slow, "reconnecting after backoff", 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			h := setup(t)
+			h := setup(t, withConfig(func(c *agent.Config) { c.BackoffResetAfter = tc.resetAfter }))
 			p := h.connect()
 			p.run("t1", "a", "")
 			p.run("t2", "b", "")
