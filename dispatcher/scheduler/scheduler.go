@@ -235,6 +235,11 @@ type Scheduler struct {
 	// reusing their records keeps the load path free of allocations.
 	spareLabels []*labelState
 	spareHeld   []*heldLabel
+
+	// offerPos is where the next offerFree starts in the free set, so that successive
+	// calls visit every free worker in turn rather than the same last few.
+	offerPos int
+	offerBuf []*worker
 }
 
 // New returns a Scheduler. It fails only for an invalid config.
@@ -268,6 +273,18 @@ func (s *Scheduler) reset() *Outcome {
 	s.out.Assigned = s.out.Assigned[:0]
 	s.out.Failed = s.out.Failed[:0]
 	return &s.out
+}
+
+// expireDue fails the queued tasks whose deadline has passed. fill calls it too, so
+// that no worker is given one (with a load, perhaps an eviction) in the time until the
+// owner's next Expire; only calls that return their Outcome reach fill.
+func (s *Scheduler) expireDue() {
+	for len(s.deadline) > 0 && !s.deadline[0].Deadline.After(s.now) {
+		t := s.deadline[0]
+		s.unqueue(t)
+		t.state = stateDone
+		s.out.Failed = append(s.out.Failed, Failure{Task: t, Reason: FailDeadline})
+	}
 }
 
 // WorkerSpec describes a worker as its hello announced it.
@@ -580,12 +597,7 @@ func (s *Scheduler) Requeue(workerID string, t *Task) (*Outcome, error) {
 // Expire fails every queued task whose deadline has passed.
 func (s *Scheduler) Expire() *Outcome {
 	out := s.reset()
-	for len(s.deadline) > 0 && !s.deadline[0].Deadline.After(s.now) {
-		t := s.deadline[0]
-		s.unqueue(t)
-		t.state = stateDone
-		out.Failed = append(out.Failed, Failure{Task: t, Reason: FailDeadline})
-	}
+	s.expireDue()
 	return out
 }
 
@@ -802,7 +814,7 @@ const holderSample = 8
 func (s *Scheduler) expectedWait(label string, ls *labelState, ahead int, st estimate) time.Duration {
 	soonest := time.Duration(-1)
 	var runSum time.Duration
-	n := 0
+	n, slots := 0, 0
 	for i := 0; i < ls.all.len() && n < holderSample; i++ {
 		w := ls.all.at(i)
 		h := w.held[w.find(label)]
@@ -810,6 +822,7 @@ func (s *Scheduler) expectedWait(label string, ls *labelState, ahead int, st est
 			continue
 		}
 		n++
+		slots += w.slots
 		run := st.run
 		if h.runEst > 0 {
 			run = h.runEst
@@ -823,8 +836,9 @@ func (s *Scheduler) expectedWait(label string, ls *labelState, ahead int, st est
 	if n == 0 {
 		return 0
 	}
-	perHolder := float64(ahead) / float64(ls.active)
-	return soonest + time.Duration(perHolder*float64(runSum/time.Duration(n))) + runSum/time.Duration(n)
+	// A holder with k slots starts queued tasks k times as often as one with one slot.
+	perSlot := float64(ahead) / (float64(ls.active) * float64(slots) / float64(n))
+	return soonest + time.Duration(perSlot*float64(runSum/time.Duration(n))) + runSum/time.Duration(n)
 }
 
 // remaining is how long until w is expected to have a free slot: zero when it has one,
@@ -835,7 +849,10 @@ func (s *Scheduler) remaining(w *worker) time.Duration {
 	}
 	left := time.Duration(-1)
 	for _, t := range w.running {
-		if d := max(s.expectedRun(w, t)-s.now.Sub(t.Started), 0); left < 0 || d < left {
+		// A task past its estimate is taken to run on as long as it has overrun it,
+		// not to end at once.
+		exp, ran := s.expectedRun(w, t), s.now.Sub(t.Started)
+		if d := max(exp-ran, ran-exp); left < 0 || d < left {
 			left = d
 		}
 	}
@@ -880,8 +897,14 @@ func (s *Scheduler) passedOverTooLong(t *Task) bool {
 // run would have taken: the estimate that made it wait was wrong (a long task on the
 // holder), so a free worker should load its label rather than keep it waiting.
 func (s *Scheduler) overdue(t *Task) bool {
-	st := s.statsOf(t.labelState)
-	return s.now.Sub(t.Enqueued) > st.load+st.run
+	ls := t.labelState
+	st := s.statsOf(ls)
+	if s.now.Sub(t.Enqueued) <= st.load+st.run {
+		return false
+	}
+	// Unless a holder is expected to take it within half a load: a task that waited
+	// behind a long queue and is next for a holder about to free is not helped by a load.
+	return ls.active == 0 || s.expectedWait(t.Label, ls, 0, st) > st.load/2+st.run
 }
 
 // canTake reports whether w, which has a free slot, can start t now: it holds the
@@ -979,6 +1002,7 @@ func (s *Scheduler) assign(w *worker, t *Task) {
 
 // fill gives a worker with free slots the queued tasks it should run.
 func (s *Scheduler) fill(w *worker) {
+	s.expireDue() // never start a task whose deadline passed since the last Expire
 	for w.isFree() && s.queued > 0 {
 		t := s.pick(w)
 		if t == nil || !s.assignLoading(w, t) {
@@ -994,15 +1018,28 @@ const rebalanceTries = 32
 // were waiting may have gone (a holder left or stopped accepting, a copy failed) and
 // periodically through Rebalance, so that no task waits for ever while a worker idles.
 func (s *Scheduler) offerFree() {
-	for i, n := s.free.len()-1, 0; i >= 0 && n < rebalanceTries && s.queued > 0; i, n = i-1, n+1 {
-		if i >= s.free.len() {
-			i = s.free.len() - 1 // fill took workers out of the set
-			if i < 0 {
-				return
-			}
-		}
-		s.fill(s.free.at(i))
+	n := s.free.len()
+	if n == 0 || s.queued == 0 {
+		return
 	}
+	k := min(n, rebalanceTries)
+	if s.offerPos >= n {
+		s.offerPos = 0
+	}
+	// Taken first: fill moves workers within the set.
+	buf := s.offerBuf[:0]
+	for j := 0; j < k; j++ {
+		buf = append(buf, s.free.at((s.offerPos+j)%n))
+	}
+	s.offerPos = (s.offerPos + k) % n
+	for _, w := range buf {
+		if s.queued == 0 {
+			break
+		}
+		s.fill(w) // a no-op for a worker no longer free
+	}
+	clear(buf)
+	s.offerBuf = buf[:0]
 }
 
 // Rebalance reconsiders waiting tasks against free workers: tasks passed over too
@@ -1011,8 +1048,14 @@ func (s *Scheduler) offerFree() {
 func (s *Scheduler) Rebalance() *Outcome {
 	out := s.reset()
 	s.pruneFailing()
-	if s.queued > 0 && s.free.len() > 0 {
+	// Another pass when one assigned something: a holder that took a task may have made
+	// the wait for it long enough that a worker looked at earlier should load instead.
+	for pass := 0; pass < 3 && s.queued > 0 && s.free.len() > 0; pass++ {
+		before := len(out.Assigned)
 		s.offerFree()
+		if len(out.Assigned) == before {
+			break
+		}
 	}
 	return out
 }
@@ -1020,6 +1063,9 @@ func (s *Scheduler) Rebalance() *Outcome {
 // passOverScan bounds how far down the global queue a freed worker looks for a task it
 // should load for, keeping the cost of a completion independent of queue length.
 const passOverScan = 8
+
+// passOverWalk bounds how many queued tasks one pick walks past.
+const passOverWalk = 64
 
 // pick chooses the next task for a worker that has a free slot, or nil. Every task it
 // returns is one the worker can take.
@@ -1034,9 +1080,13 @@ func (s *Scheduler) pick(w *worker) *Task {
 		}
 		return nil
 	}
-	// Rule 4: no task is passed over for longer than its bound.
-	if s.passedOverTooLong(head) && s.canTake(w, head) {
-		return head
+	// Rule 4: no task is passed over for longer than its bound; not only the head, which
+	// this worker may be unable to take (its backend cannot load it, or it failed here).
+	n := 0
+	for t := head; t != nil && n < passOverScan; t, n = t.global.next, n+1 {
+		if s.passedOverTooLong(t) && s.canTake(w, t) {
+			return t
+		}
 	}
 	// The oldest task for a label this worker holds.
 	var best *Task
@@ -1053,10 +1103,16 @@ func (s *Scheduler) pick(w *worker) *Task {
 	}
 	// Else the oldest label backlog better served by loading here than by waiting:
 	// nobody can serve it, loading beats the expected wait, or it has waited too long.
-	n := 0
-	for t := head; t != nil && n < passOverScan; t, n = t.global.next, n+1 {
+	// n counts the label backlogs looked at; tasks behind a backlog's first do not
+	// count, so one label's backlog cannot hide the rest (walked is the hard bound).
+	n = 0
+	for t, walked := head, 0; t != nil && n < passOverScan && walked < passOverWalk; t, walked = t.global.next, walked+1 {
 		ls := t.labelState
-		if firstFor(&ls.queue, w) != t || !s.canTake(w, t) {
+		if firstFor(&ls.queue, w) != t {
+			continue
+		}
+		n++
+		if !s.canTake(w, t) {
 			continue
 		}
 		if ls.active == 0 || s.loadBeatsWait(t.Label, ls, ls.queued-1) || s.overdue(t) {
