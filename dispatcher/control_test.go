@@ -102,3 +102,34 @@ func TestEscapedIDsInPaths(t *testing.T) {
 		}
 	}
 }
+
+// A status saying the worker accepts, sent before the Drain reached it (its backend
+// came back, say), does not put a drained worker back in the routing.
+func TestStatusAfterDrainKeepsTheWorkerOut(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	w1 := b.dial("w1", "m")
+	if code, out := b.post("/workers/w1/drain", ""); code != 202 {
+		t.Fatalf("drain: %d %v", code, out)
+	}
+	w1.write(&pb.Envelope{Body: &pb.Envelope_Status{Status: &pb.WorkerStatus{Accepting: true, Reason: "backend ready"}}})
+	// w1's frames are handled in order: once /labels shows this later one, the status
+	// has been too.
+	w1.write(&pb.Envelope{Body: &pb.Envelope_LabelEvent{LabelEvent: &pb.LabelEvent{Kind: pb.LabelEvent_KIND_LOADED, Label: "z"}}})
+	for {
+		if _, labels := b.get("/labels"); fmt.Sprint(labels["z"]) == "[w1]" {
+			break
+		}
+		time.Sleep(time.Millisecond) // polling an observable state
+	}
+	if d := w1.read().GetDrain(); d == nil {
+		t.Fatalf("want the Drain, got %v", d)
+	}
+	w2 := b.dial("w2")
+	ans := b.postAsync(`{"task_id":"after-drain","task_type":"x","label":"m"}`)
+	a := w2.assignment()
+	w2.finish(a, true, `"ok"`)
+	if got := <-ans; got.status != 200 || got.body["worker_id"] != "w2" {
+		t.Fatalf("task after the drain: %v", got)
+	}
+}

@@ -617,6 +617,7 @@ func (h *hub) drain(workerID, reason string) bool {
 		h.log.Error().Err(err).Str("worker_id", workerID).Msg("encode drain")
 		return false
 	}
+	wc.drained = true
 	if out, err := h.sched.SetAccepting(workerID, false); err == nil {
 		h.apply(out)
 	}
@@ -627,7 +628,7 @@ func (h *hub) drain(workerID, reason string) bool {
 func (h *hub) onStatus(wc *workerConn, st *pb.WorkerStatus) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.workers[wc.id] != wc {
+	if h.workers[wc.id] != wc || wc.drained {
 		return
 	}
 	out, err := h.sched.SetAccepting(wc.id, st.GetAccepting())

@@ -45,6 +45,9 @@ type workerConn struct {
 	// credential is the hash of the worker token it authenticated with (zero when
 	// worker auth is off); a reload that revokes it closes the connection.
 	credential credential.Hash
+	// drained is set (under hub.mu) once the hub has sent it a Drain: a status saying
+	// it accepts, sent before the Drain reached it, must not put it back in the routing.
+	drained bool
 	// log is the dispatcher's logger; records add worker_id themselves, because a
 	// child logger per connection would hold a few hundred bytes for its lifetime.
 	log zerolog.Logger
