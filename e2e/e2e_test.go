@@ -32,6 +32,9 @@ func TestAffinity(t *testing.T) {
 	if n := grepLog(t, agent, `"event":"label_miss"`, `"label":"model-a"`); n != 1 {
 		t.Fatalf("agent logged %d label misses, want 1", n)
 	}
+	// The agent logs a task after sending its result, so the last record may trail the
+	// answer.
+	s.eventually("the agent logged five completed tasks", func() bool { return grepLog(t, agent, `"event":"task_completed"`) >= 5 })
 	if n := grepLog(t, agent, `"event":"task_completed"`); n != 5 {
 		t.Fatalf("agent logged %d completed tasks, want 5", n)
 	}
