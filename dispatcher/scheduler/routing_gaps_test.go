@@ -63,29 +63,6 @@ func TestOneLabelsBacklogDoesNotHideTheTasksBehindIt(t *testing.T) {
 	}
 }
 
-// The wait estimate counts the holders' slots: a holder with 4 slots drains its queue 4
-// times as fast as one with a single slot, so waiting is cheaper than loading here.
-func TestWaitEstimateCountsTheHoldersSlots(t *testing.T) {
-	b := setup(t, Config{LoadTimePrior: 400 * time.Millisecond, RunTimePrior: 50 * time.Millisecond})
-	b.worker("holder", 2, 4, "hot")
-	b.worker("spare", 1, 1, "cold")
-	for i := 0; i < 4; i++ {
-		a := one(t, b.submit(b.task("hot")))
-		if a.WorkerID != "holder" {
-			t.Fatalf("got %+v", a)
-		}
-	}
-	// 12 tasks ahead over 4 slots: about 3 rounds of 50ms (+ the rest of the running ones
-	// + own run): ~250ms, against a load of 400ms + 50ms run.
-	for i := 0; i < 12; i++ {
-		none(t, b.submit(b.task("hot")))
-	}
-	if as := b.submit(b.task("hot")); len(as) == 1 && as[0].Load {
-		t.Fatalf("loaded hot on %s (evicting %q) though the 4-slot holder frees a slot every ~12ms and 12 tasks are ahead (~200ms) vs load 450ms",
-			as[0].WorkerID, as[0].EvictLabel)
-	}
-}
-
 // A task whose deadline passed is not started (with a load and an eviction) when a
 // worker frees before the next Expire: it fails.
 func TestTaskPastItsDeadlineIsNotStarted(t *testing.T) {

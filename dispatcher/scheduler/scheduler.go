@@ -814,7 +814,7 @@ const holderSample = 8
 func (s *Scheduler) expectedWait(label string, ls *labelState, ahead int, st estimate) time.Duration {
 	soonest := time.Duration(-1)
 	var runSum time.Duration
-	n, slots := 0, 0
+	n := 0
 	for i := 0; i < ls.all.len() && n < holderSample; i++ {
 		w := ls.all.at(i)
 		h := w.held[w.find(label)]
@@ -822,7 +822,6 @@ func (s *Scheduler) expectedWait(label string, ls *labelState, ahead int, st est
 			continue
 		}
 		n++
-		slots += w.slots
 		run := st.run
 		if h.runEst > 0 {
 			run = h.runEst
@@ -836,9 +835,8 @@ func (s *Scheduler) expectedWait(label string, ls *labelState, ahead int, st est
 	if n == 0 {
 		return 0
 	}
-	// A holder with k slots starts queued tasks k times as often as one with one slot.
-	perSlot := float64(ahead) / (float64(ls.active) * float64(slots) / float64(n))
-	return soonest + time.Duration(perSlot*float64(runSum/time.Duration(n))) + runSum/time.Duration(n)
+	perHolder := float64(ahead) / float64(ls.active)
+	return soonest + time.Duration(perHolder*float64(runSum/time.Duration(n))) + runSum/time.Duration(n)
 }
 
 // remaining is how long until w is expected to have a free slot: zero when it has one,
@@ -849,10 +847,7 @@ func (s *Scheduler) remaining(w *worker) time.Duration {
 	}
 	left := time.Duration(-1)
 	for _, t := range w.running {
-		// A task past its estimate is taken to run on as long as it has overrun it,
-		// not to end at once.
-		exp, ran := s.expectedRun(w, t), s.now.Sub(t.Started)
-		if d := max(exp-ran, ran-exp); left < 0 || d < left {
+		if d := max(s.expectedRun(w, t)-s.now.Sub(t.Started), 0); left < 0 || d < left {
 			left = d
 		}
 	}
