@@ -24,11 +24,11 @@ type retention struct {
 	size  int
 	// bytes is what the kept records hold (retainedBytes), at most maxBytes.
 	bytes, maxBytes int64
-	// countDropped is the answer time (Unix ns; 0: none) of the newest record dropped
+	// earlyDropAt is the answer time (Unix ns; 0: none) of the newest record dropped
 	// by the count or the bytes bound: until that plus the retention, an id missing
 	// here may still be answered in the journal. Atomic, so that the request path can tell "never"
 	// without the hub's lock or a clock read.
-	countDropped atomic.Int64
+	earlyDropAt atomic.Int64
 }
 
 // sweepBatch bounds the expired records dropped per tick, so that a burst of expiries
@@ -53,12 +53,12 @@ func retainedBytes(rec *taskRecord) int64 {
 }
 
 // droppedAny says whether the count bound has ever dropped a record.
-func (r *retention) droppedAny() bool { return r.countDropped.Load() != 0 }
+func (r *retention) droppedAny() bool { return r.earlyDropAt.Load() != 0 }
 
 // mayHaveDropped says whether an answer still within the retention at now may have
 // been dropped from memory by the count bound.
 func (r *retention) mayHaveDropped(now time.Time) bool {
-	at := r.countDropped.Load()
+	at := r.earlyDropAt.Load()
 	return at != 0 && now.Sub(time.Unix(0, at)) < r.ttl
 }
 
@@ -83,8 +83,8 @@ func (r *retention) dropOldest() {
 	if !ok {
 		return
 	}
-	if at := old.finishedAt.UnixNano(); at > r.countDropped.Load() {
-		r.countDropped.Store(at)
+	if at := old.finishedAt.UnixNano(); at > r.earlyDropAt.Load() {
+		r.earlyDropAt.Store(at)
 	}
 	r.tasks.RemoveOldest()
 }

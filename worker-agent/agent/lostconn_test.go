@@ -33,12 +33,12 @@ func resultWithin(p *peer, d time.Duration) (*pb.TaskResult, error) {
 	}
 }
 
-// An attempt whose connection was lost is cancelled: its result would be dropped (the
-// dispatcher re-queued it when the connection ended, and drops results of attempts it
-// no longer waits for). Left running, it pinned its label, so the new session's task
-// that must evict that label waited for work nobody would receive.
-func TestLostAttemptDoesNotPinItsLabelAgainstTheNewSession(t *testing.T) {
-	t.Parallel()
+// reconnectedAfterLostAttempt starts an agent whose backend holds t1 until g opens
+// (other tasks run at once), assigns t1 on a first connection, drops that connection
+// while t1 runs (a network blip, a dispatcher restart), and returns the reconnected
+// peer.
+func reconnectedAfterLostAttempt(t *testing.T, opts ...option) (*harness, *gate, *peer) {
+	t.Helper()
 	g := newGate(t)
 	fake := backendtest.New()
 	fake.OnRun = func(ctx context.Context, task backend.Task) ([]byte, error) {
@@ -47,13 +47,21 @@ func TestLostAttemptDoesNotPinItsLabelAgainstTheNewSession(t *testing.T) {
 		}
 		return []byte(`{}`), nil
 	}
-	h := setup(t, withFake(fake), withConfig(func(c *agent.Config) { c.MaxLabels = 1 }))
+	h := setup(t, append([]option{withFake(fake)}, opts...)...)
 	p := h.connect()
 	p.assign(&pb.TaskAssignment{TaskId: "t1", Label: "a"})
 	g.waitStarted(t)
-	_ = p.conn.NetConn().Close() // network blip / dispatcher restart
+	_ = p.conn.NetConn().Close()
+	return h, g, h.connect()
+}
 
-	p2 := h.connect()
+// An attempt whose connection was lost is cancelled: its result would be dropped (the
+// dispatcher re-queued it when the connection ended, and drops results of attempts it
+// no longer waits for). Left running, it pinned its label, so the new session's task
+// that must evict that label waited for work nobody would receive.
+func TestLostAttemptDoesNotPinItsLabelAgainstTheNewSession(t *testing.T) {
+	t.Parallel()
+	_, g, p2 := reconnectedAfterLostAttempt(t, withConfig(func(c *agent.Config) { c.MaxLabels = 1 }))
 	if !slices.Equal(p2.hello.GetHeldLabels(), []string{"a"}) {
 		t.Fatalf("hello held %q", p2.hello.GetHeldLabels())
 	}
@@ -111,20 +119,7 @@ func TestLostAttemptDoesNotRunBesideItsRetry(t *testing.T) {
 // not wait (--drain-timeout) for the lost session's attempt, whose result is dropped.
 func TestShutdownDoesNotWaitForALostAttempt(t *testing.T) {
 	t.Parallel()
-	g := newGate(t)
-	fake := backendtest.New()
-	fake.OnRun = func(ctx context.Context, task backend.Task) ([]byte, error) {
-		if task.ID == "t1" {
-			return []byte(`{}`), g.hold(ctx, task.ID)
-		}
-		return []byte(`{}`), nil
-	}
-	h := setup(t, withFake(fake)) // DrainTimeout 5s
-	p := h.connect()
-	p.assign(&pb.TaskAssignment{TaskId: "t1", Label: "a"})
-	g.waitStarted(t)
-	_ = p.conn.NetConn().Close()
-	p2 := h.connect()
+	h, _, p2 := reconnectedAfterLostAttempt(t)  // DrainTimeout 5s
 	if r := p2.run("t2", "a", ""); !r.GetOk() { // the new session is up
 		t.Fatalf("t2: %v", r)
 	}

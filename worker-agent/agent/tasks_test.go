@@ -479,21 +479,7 @@ func TestRefusedAssignments(t *testing.T) {
 
 func TestResultsOfALostConnectionAreDiscarded(t *testing.T) {
 	t.Parallel()
-	g := newGate(t)
-	fake := backendtest.New()
-	fake.OnRun = func(ctx context.Context, task backend.Task) ([]byte, error) {
-		if task.ID == "t1" {
-			return []byte(`{}`), g.hold(ctx, task.ID)
-		}
-		return []byte(`{}`), nil
-	}
-	h := setup(t, withFake(fake))
-	p := h.connect()
-	p.assign(&pb.TaskAssignment{TaskId: "t1", Label: "a"})
-	g.waitStarted(t)
-	_ = p.conn.NetConn().Close()
-
-	p2 := h.connect()
+	h, g, p2 := reconnectedAfterLostAttempt(t)
 	// t1 was cancelled with its connection: the dispatcher re-queued it.
 	if r := p2.run("t2", "a", ""); !r.GetOk() {
 		t.Fatalf("t2 on the new connection: %v", r)
