@@ -50,19 +50,23 @@ type errorBody struct {
 	Error string `json:"error"`
 }
 
+// ErrConfig marks New's errors that come from the Config itself (a bad value, an
+// unreadable token file or certificate), as against the journal or the network.
+var ErrConfig = errors.New("dispatcher config")
+
 // New validates the config and builds a Dispatcher; Run or Handler serve it.
 func New(cfg Config) (*Dispatcher, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
-		return nil, fmt.Errorf("dispatcher config: %w", err)
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	auth, err := newAuthenticator(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("dispatcher config: %w", err)
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	tlsCfg, err := serverTLS(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("dispatcher config: %w", err)
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	h, err := newHub(cfg)
 	if err != nil {

@@ -55,7 +55,7 @@ type hub struct {
 func newHub(cfg Config) (*hub, error) {
 	sched, err := scheduler.New(cfg.Scheduler, cfg.Clock)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	var b [4]byte
 	if _, err := rand.Read(b[:]); err != nil {

@@ -173,21 +173,25 @@ type errorBody struct {
 	Error string `json:"error"`
 }
 
+// ErrConfig marks New's errors that come from the Config itself (a bad value, an
+// unreadable certificate), as against the log directory or the network.
+var ErrConfig = errors.New("log collector config")
+
 // New validates the config, creates Dir and builds a Collector; Run or Handler serve it.
 func New(cfg Config) (*Collector, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
-		return nil, fmt.Errorf("log collector config: %w", err)
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	tokens, err := credential.Load("IngestTokens", cfg.IngestTokens, "", "")
 	if err != nil {
-		return nil, fmt.Errorf("log collector config: %w", err)
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	var tlsCfg *tls.Config
 	if cfg.TLSCert != "" {
 		cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
 		if err != nil {
-			return nil, fmt.Errorf("log collector config: TLSCert/TLSKey: %w", err)
+			return nil, fmt.Errorf("%w: TLSCert/TLSKey: %w", ErrConfig, err)
 		}
 		// HTTP/1.1 only: /ingest is a WebSocket upgrade, which HTTP/2 cannot hijack.
 		tlsCfg = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"}}

@@ -35,8 +35,24 @@ func main() {
 			os.Exit(0) // the usage is printed; asking for it is not a failure
 		}
 		fmt.Fprintln(os.Stderr, "dispatcher:", err)
-		os.Exit(1)
+		os.Exit(exitCode(err))
 	}
+}
+
+// usageError is a command line or environment the dispatcher cannot start with. It
+// exits 2, as the worker agent and the batch job do and as Go's flag package does, so
+// that a supervisor or script can tell a bad configuration from a failure at run time
+// (exit 1).
+type usageError struct{ error }
+
+func (e usageError) Unwrap() error { return e.error }
+
+func exitCode(err error) int {
+	var ue usageError
+	if errors.As(err, &ue) || errors.Is(err, dispatcher.ErrConfig) {
+		return 2
+	}
+	return 1
 }
 
 func run(args []string) error {
@@ -82,26 +98,29 @@ func run(args []string) error {
 	memRatio := fs.Float64("memory-limit-ratio", 0.9, "share of the container's memory limit (cgroup) set as the Go runtime's soft limit (0: none); GOMEMLIMIT in the environment wins")
 	fs.VisitAll(func(f *flag.Flag) { f.Usage += " (env " + envName(f.Name) + ")" })
 	if err := fs.Parse(args); err != nil {
-		return err
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usageError{err}
 	}
 	if fs.NArg() > 0 { // a flag written without its dashes, say: never ignore it
-		return fmt.Errorf("unexpected arguments: %q", fs.Args())
+		return usageError{fmt.Errorf("unexpected arguments: %q", fs.Args())}
 	}
 	gcGiven := os.Getenv(envName("gc-percent")) != "" || given(fs, "gc-percent")
 	if err := fromEnv(fs); err != nil {
-		return err
+		return usageError{err}
 	}
 	if err := refuseZero(fs); err != nil {
-		return err
+		return usageError{err}
 	}
 	level, err := zerolog.ParseLevel(*logLevel)
 	if err != nil {
-		return fmt.Errorf("--log-level: %w", err)
+		return usageError{fmt.Errorf("--log-level: %w", err)}
 	}
 	log := zerolog.New(os.Stdout).Level(level).With().Timestamp().Logger()
 	gc, err := setupGC(*gcTarget, gcGiven, *memRatio)
 	if err != nil {
-		return err
+		return usageError{err}
 	}
 	if gc.memLimitErr != nil {
 		log.Warn().Err(gc.memLimitErr).Msg("could not read the container's memory limit; running without a Go memory limit")

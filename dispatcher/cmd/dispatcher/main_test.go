@@ -2,8 +2,10 @@ package main
 
 import (
 	"flag"
+	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -92,5 +94,39 @@ func TestZeroThatWouldMeanTheDefaultIsRefused(t *testing.T) {
 	t.Setenv("SHUTDOWN_TIMEOUT", "0s")
 	if err := run([]string{"--addr", "127.0.0.1:0"}); err == nil || !strings.Contains(err.Error(), "--shutdown-timeout (SHUTDOWN_TIMEOUT)") {
 		t.Errorf("SHUTDOWN_TIMEOUT=0s: %v", err)
+	}
+}
+
+// A configuration the dispatcher cannot start with exits 2, as the worker agent and
+// the batch job do; a failure at run time (here the address already taken) exits 1.
+func TestBadConfigurationExitsTwo(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	for _, c := range []struct {
+		args []string
+		want int
+	}{
+		{[]string{"--no-such-flag"}, 2},
+		{[]string{"--max-queued", "0"}, 2},
+		{[]string{"--log-level", "loud"}, 2},
+		{[]string{"--memory-limit-ratio", "2"}, 2},
+		{[]string{"--max-attempts", "-1"}, 2},                                     // dispatcher.New's validation
+		{[]string{"--worker-tokens-file", filepath.Join(t.TempDir(), "none")}, 2}, // an unreadable token file
+		{[]string{"--addr", busy.Addr().String()}, 1},
+	} {
+		args := c.args
+		if c.args[0] != "--addr" {
+			args = append([]string{"--addr", "127.0.0.1:0"}, args...)
+		}
+		err := run(append(args, "--data-dir", t.TempDir()))
+		if err == nil {
+			t.Fatalf("%q: started", c.args)
+		}
+		if got := exitCode(err); got != c.want {
+			t.Errorf("%q: exit %d, want %d (%v)", c.args, got, c.want, err)
+		}
 	}
 }

@@ -43,16 +43,31 @@ import (
 )
 
 func main() {
-	if err := run(); err != nil {
+	if err := run(os.Args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			os.Exit(0)
 		}
 		fmt.Fprintln(os.Stderr, "log-collector:", err)
-		os.Exit(1)
+		os.Exit(exitCode(err))
 	}
 }
 
-func run() error {
+// usageError is a command line or environment the collector cannot start with. It
+// exits 2, as the other commands and Go's flag package do, so that a supervisor or
+// script can tell a bad configuration from a failure at run time (exit 1).
+type usageError struct{ error }
+
+func (e usageError) Unwrap() error { return e.error }
+
+func exitCode(err error) int {
+	var ue usageError
+	if errors.As(err, &ue) || errors.Is(err, logcollector.ErrConfig) {
+		return 2
+	}
+	return 1
+}
+
+func run(args []string) error {
 	var cfg logcollector.Config
 	fs := flag.NewFlagSet("log-collector", flag.ContinueOnError)
 	fs.StringVar(&cfg.Addr, "addr", logcollector.DefaultAddr, "listen address")
@@ -66,21 +81,24 @@ func run() error {
 	logLevel := fs.String("log-level", "info", "log level of the collector's own log: debug, info, warn, error")
 	pprofAddr := fs.String("pprof-addr", "", "serve net/http/pprof on this address (off when empty; keep it private)")
 	fs.VisitAll(func(f *flag.Flag) { f.Usage += " (env " + envName(f.Name) + ")" })
-	if err := fs.Parse(os.Args[1:]); err != nil {
-		return err
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usageError{err}
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments: %q", fs.Args())
+		return usageError{fmt.Errorf("unexpected arguments: %q", fs.Args())}
 	}
 	if err := fromEnv(fs); err != nil {
-		return err
+		return usageError{err}
 	}
 	// In Config zero means the default; on the command line it is a mistake.
 	if cfg.MaxFiles < 1 || cfg.MaxFileBytes < 1 {
-		return fmt.Errorf("--max-files (%d) and --max-file-bytes (%d) must be at least 1", cfg.MaxFiles, cfg.MaxFileBytes)
+		return usageError{fmt.Errorf("--max-files (%d) and --max-file-bytes (%d) must be at least 1", cfg.MaxFiles, cfg.MaxFileBytes)}
 	}
 	if cfg.ShutdownTimeout == 0 {
-		return fmt.Errorf("--shutdown-timeout (SHUTDOWN_TIMEOUT) must be more than 0; leave it out for the default, %s", logcollector.DefaultShutdownTimeout)
+		return usageError{fmt.Errorf("--shutdown-timeout (SHUTDOWN_TIMEOUT) must be more than 0; leave it out for the default, %s", logcollector.DefaultShutdownTimeout)}
 	}
 	for t := range strings.SplitSeq(*ingestTokens, ",") {
 		if t = strings.TrimSpace(t); t != "" {
@@ -89,7 +107,7 @@ func run() error {
 	}
 	level, err := zerolog.ParseLevel(*logLevel)
 	if err != nil {
-		return fmt.Errorf("--log-level: %w", err)
+		return usageError{fmt.Errorf("--log-level: %w", err)}
 	}
 	zerolog.TimeFieldFormat = time.RFC3339Nano
 	cfg.Logger = zerolog.New(os.Stdout).Level(level).With().Timestamp().Logger()

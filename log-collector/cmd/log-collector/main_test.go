@@ -1,0 +1,39 @@
+package main
+
+import (
+	"net"
+	"testing"
+)
+
+// A configuration the collector cannot start with exits 2, as the other commands do;
+// a failure at run time (here the address already taken) exits 1.
+func TestBadConfigurationExitsTwo(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	for _, c := range []struct {
+		args []string
+		want int
+	}{
+		{[]string{"--no-such-flag"}, 2},
+		{[]string{"--max-files", "0"}, 2},
+		{[]string{"--log-level", "loud"}, 2},
+		{[]string{"stray"}, 2},
+		{[]string{"--tls-cert", "/nonexistent.pem", "--tls-key", "/nonexistent.key"}, 2}, // New's config check
+		{[]string{"--addr", busy.Addr().String()}, 1},
+	} {
+		args := append([]string{"--dir", t.TempDir()}, c.args...)
+		if c.args[0] != "--addr" {
+			args = append([]string{"--addr", "127.0.0.1:0"}, args...)
+		}
+		err := run(args)
+		if err == nil {
+			t.Fatalf("%q: started", c.args)
+		}
+		if got := exitCode(err); got != c.want {
+			t.Errorf("%q: exit %d, want %d (%v)", c.args, got, c.want, err)
+		}
+	}
+}
