@@ -404,6 +404,11 @@ func TestChartDefaultValues(t *testing.T) {
 	if !metav1LabelsEqual(pdb.Spec.Selector, w.Spec.Selector) {
 		t.Errorf("PDB selector %v does not select the workers (%v)", pdb.Spec.Selector, w.Spec.Selector)
 	}
+	// Workers are unready while the dispatcher is down; the default policy would then
+	// block every node drain.
+	if p := pdb.Spec.UnhealthyPodEvictionPolicy; p == nil || *p != policyv1.AlwaysAllow {
+		t.Errorf("PDB unhealthyPodEvictionPolicy = %v, want AlwaysAllow", p)
+	}
 
 	sec := one[*corev1.Secret](t, r, "sr-smartroute-auth")
 	tok := sec.StringData["worker-token"]
@@ -568,6 +573,7 @@ func TestChartRejectsBadValues(t *testing.T) {
 		{"tls without certificate", map[string]any{"tls": map[string]any{"enabled": true}}, "Secret is required when tls.enabled"},
 		{"rollout that can never start", map[string]any{"workers": map[string]any{"updateStrategy": map[string]any{"maxSurge": 0, "maxUnavailable": "0%"}}}, "workers.updateStrategy"},
 		{"bad maxSurge", map[string]any{"workers": map[string]any{"updateStrategy": map[string]any{"maxSurge": "one"}}}, "maxSurge"},
+		{"unknown eviction policy", map[string]any{"workers": map[string]any{"podDisruptionBudget": map[string]any{"unhealthyPodEvictionPolicy": "Never"}}}, "unhealthyPodEvictionPolicy"},
 		// What --set (not --set-string) makes of nvidia.com/gpu.present=true.
 		{"boolean nodeSelector value", map[string]any{"workers": map[string]any{"nodeSelector": map[string]any{"nvidia.com/gpu.present": true}}}, "nodeSelector"},
 	} {
