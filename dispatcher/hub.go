@@ -663,11 +663,22 @@ type workerDetail struct {
 }
 
 func (h *hub) workerDetails() []workerDetail {
+	out := h.workerSnapshot()
+	// Sorted after the lock: with 10,000 workers the sort took longer than the walk, and
+	// no task is routed while the hub's lock is held.
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// workerSnapshot is every registered worker's detail, in no order.
+func (h *hub) workerSnapshot() []workerDetail {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	out := make([]workerDetail, 0, len(h.workers))
+	labels := make([]string, 0, 2*len(h.workers)) // all views' labels, in a few arrays
 	for id, wc := range h.workers {
-		v, ok := h.sched.Worker(id)
+		v, rest, ok := h.sched.AppendWorker(labels, id)
+		labels = rest
 		if !ok {
 			continue
 		}
@@ -678,23 +689,30 @@ func (h *hub) workerDetails() []workerDetail {
 		out = append(out, workerDetail{ID: id, Labels: labels, MaxLabels: v.MaxLabels, Slots: v.Slots, Running: v.Running,
 			Busy: v.Running >= v.Slots, Accepting: v.Accepting, ConnectedSince: wc.connectedAt, Agent: wc.agent})
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
 }
 
 // labelHolders maps each held label to its workers, sorted.
 func (h *hub) labelHolders() map[string][]string {
+	out := h.labelSnapshot()
+	for _, ws := range out { // sorted after the lock, as in workerDetails
+		sort.Strings(ws)
+	}
+	return out
+}
+
+// labelSnapshot maps each held label to its workers, in no order.
+func (h *hub) labelSnapshot() map[string][]string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	out := make(map[string][]string)
+	var labels []string
 	for id := range h.workers {
-		v, _ := h.sched.Worker(id)
+		var v scheduler.WorkerView
+		v, labels, _ = h.sched.AppendWorker(labels[:0], id) // reused: only the ids are kept
 		for _, l := range v.Labels {
 			out[l] = append(out[l], id)
 		}
-	}
-	for _, ws := range out {
-		sort.Strings(ws)
 	}
 	return out
 }

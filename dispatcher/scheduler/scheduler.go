@@ -714,29 +714,6 @@ func (s *Scheduler) Queued(label string) int {
 	return 0
 }
 
-// WorkerView is a read-only snapshot of a worker for ops endpoints.
-type WorkerView struct {
-	ID        string
-	Labels    []string // least recently used first
-	Slots     int
-	Running   int
-	MaxLabels int
-	Accepting bool
-}
-
-// Worker returns a snapshot of one worker.
-func (s *Scheduler) Worker(id string) (WorkerView, bool) {
-	w, ok := s.workers[id]
-	if !ok {
-		return WorkerView{}, false
-	}
-	v := WorkerView{ID: w.id, Slots: w.slots, Running: len(w.running), MaxLabels: w.capacity, Accepting: w.accepting}
-	for _, i := range w.byRecency() {
-		v.Labels = append(v.Labels, w.held[i].label)
-	}
-	return v, true
-}
-
 // ----- placement ------------------------------------------------------------------
 
 // place tries to start t now. It returns false when t must wait.

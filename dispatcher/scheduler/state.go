@@ -107,11 +107,12 @@ func (w *worker) runningIndex(t *Task) int {
 	return -1
 }
 
-// byRecency returns indexes into held, least recently used first.
-func (w *worker) byRecency() []int {
-	idx := make([]int, len(w.held))
-	for i := range idx {
-		idx[i] = i
+// byRecency returns indexes into held, least recently used first, in dst's array
+// when it has room.
+func (w *worker) byRecency(dst []int) []int {
+	idx := dst[:0]
+	for i := range w.held {
+		idx = append(idx, i)
 	}
 	for i := 1; i < len(idx); i++ {
 		for j := i; j > 0 && w.held[idx[j]].lastUse < w.held[idx[j-1]].lastUse; j-- {
