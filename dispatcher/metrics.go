@@ -93,7 +93,7 @@ func newMetrics(h *hub, maxLabels int) *metrics {
 		scheduleEvery: scheduleSampleEvery,
 		received:      counter("tasks_received_total", "Tasks accepted by POST /run-task (resubmitted ids and refusals not counted).", "label"),
 		completed:     counter("tasks_completed_total", "Tasks answered with a worker's successful result.", "label"),
-		failed:        counter("tasks_failed_total", "Tasks answered with a failure, by reason: deadline, worker_error, workers_lost, shutdown.", "label", "reason"),
+		failed:        counter("tasks_failed_total", "Tasks answered with a failure, by reason: deadline, worker_error, workers_lost, shutdown, load_failed, label_failing, no_worker_can_load.", "label", "reason"),
 		hits:          counter("label_hits_total", "Tasks completed on a worker that already held their label.", "label"),
 		loads:         counter("label_loads_total", "Task results that report a label load (label misses).", "label"),
 		evictions:     counter("evictions_total", "Labels workers unloaded, by the evicted label.", "label"),

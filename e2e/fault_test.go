@@ -2,7 +2,7 @@ package e2e
 
 // The fault-injection suite: real processes killed with SIGKILL under load. Counts
 // default to the figures; FAULT_AGENT_KILLS and FAULT_JOURNAL_TASKS change
-// them (README, "Fault injection").
+// them (README, "Tests").
 
 import (
 	"bytes"

@@ -83,11 +83,7 @@ func BatchCompare(ctx context.Context, bc BatchCompareConfig, stdout io.Writer) 
 }
 
 func runBatchOrder(ctx context.Context, cfg Config, bc BatchCompareConfig, bins binaries, order batch.Order, dir string) (BatchResult, error) {
-	// A fresh directory: the collector's files of an earlier run would be counted.
-	if err := os.RemoveAll(dir); err != nil {
-		return BatchResult{}, err
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := freshDir(dir); err != nil {
 		return BatchResult{}, err
 	}
 	log := cfg.Logger.With().Str("order", string(order)).Logger()

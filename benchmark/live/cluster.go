@@ -397,3 +397,13 @@ func openLogs(paths []string) ([]*os.File, error) {
 	}
 	return files, nil
 }
+
+// freshDir empties dir for one run, creating it if need be. The log collector appends to
+// the files it finds and the dispatcher reruns the journal it finds, so an earlier
+// run's records left in a reused --out would be counted in this one.
+func freshDir(dir string) error {
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	return os.MkdirAll(dir, 0o755)
+}

@@ -183,3 +183,25 @@ func TestBuildFailureCarriesOutput(t *testing.T) {
 		t.Fatalf("err = %v, want the failed command and its output", err)
 	}
 }
+
+// Each run's directory starts empty: the collector appends to the files it finds and
+// the dispatcher reruns the journal it finds (run, soak and batch-compare all use it).
+func TestFreshDirEmptiesAReusedDirectory(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "soak")
+	old := filepath.Join(dir, "dispatcher-data", "journal.db")
+	if err := os.MkdirAll(filepath.Dir(old), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(old, []byte("an earlier run"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := freshDir(dir); err != nil {
+		t.Fatal(err)
+	}
+	if entries, err := os.ReadDir(dir); err != nil || len(entries) != 0 {
+		t.Fatalf("after freshDir: %v, %v", entries, err)
+	}
+	if err := freshDir(filepath.Join(dir, "new")); err != nil { // one not there yet
+		t.Fatal(err)
+	}
+}

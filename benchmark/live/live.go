@@ -171,13 +171,7 @@ func runMode(ctx context.Context, cfg Config, bins binaries, random bool, outDir
 	log := cfg.Logger.With().Str("mode", mode).Logger()
 	cfg.Logger = log
 	dir := filepath.Join(outDir, mode)
-	// A fresh directory: the log collector appends to the files it finds and the
-	// dispatcher reruns the journal it finds, so an earlier run's records would be
-	// counted in this one (batch-compare does the same).
-	if err := os.RemoveAll(dir); err != nil {
-		return report.Result{}, err
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := freshDir(dir); err != nil {
 		return report.Result{}, err
 	}
 	runID := mode + "-" + strconv.FormatInt(time.Now().UnixMilli(), 36)

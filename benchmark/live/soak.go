@@ -173,7 +173,7 @@ func Soak(ctx context.Context, cfg SoakConfig) (SoakResult, error) {
 		}
 	}
 	dir := filepath.Join(outDir, "soak")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := freshDir(dir); err != nil { // else an earlier soak's journal is replayed
 		return res, err
 	}
 	pprofAddr, err := freeLoopbackAddr()

@@ -233,7 +233,7 @@ func addClusterFlags(fs *flag.FlagSet, cfg *live.Config) {
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "dispatcher log level")
 	fs.StringVar(&cfg.RepoDir, "repo", "", "repository to build from (default: go.work at or above the working directory)")
 	fs.StringVar(&cfg.BinDir, "bin-dir", "", "use prebuilt binaries from this directory: dispatcher, worker-agent, log-collector, and fake-triton for --backend triton")
-	fs.StringVar(&cfg.OutDir, "out", "", "directory for logs and records; its routing/ and random/ are replaced (default: a new temporary directory)")
+	fs.StringVar(&cfg.OutDir, "out", "", "directory for logs and records; the subdirectory each run writes (routing/ and random/, soak/, batch-<order>/) is replaced (default: a new temporary directory)")
 	fs.DurationVar(&cfg.ReadyTimeout, "ready-timeout", cfg.ReadyTimeout, "bound on the dispatcher and workers becoming ready")
 	fs.DurationVar(&cfg.StopTimeout, "stop-timeout", cfg.StopTimeout, "grace after SIGTERM before SIGKILL")
 }
