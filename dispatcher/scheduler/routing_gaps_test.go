@@ -170,3 +170,49 @@ func TestLongWaitDoesNotLoadWhenTheHolderFreesInMs(t *testing.T) {
 		}
 	}
 }
+
+// A worker whose copy of a label is still loading is not an idle holder like one that
+// has it loaded: a task goes where it finishes soonest, here by waiting ~5ms for the
+// loaded holder rather than the ~1.95s left of the load on the other worker's free slots.
+func TestTaskWaitsForLoadedHolderRatherThanAPendingLoad(t *testing.T) {
+	b := setup(t, Config{LoadTimePrior: 2 * time.Second, RunTimePrior: 50 * time.Millisecond})
+	b.worker("m", 2, 3) // three slots, nothing loaded
+	if a := one(t, b.submit(b.task("A"))); a.WorkerID != "m" || !a.Load {
+		t.Fatalf("got %+v", a)
+	}
+	b.worker("h", 1, 1, "A") // A loaded, idle
+	t2 := b.task("A")
+	if a := one(t, b.submit(t2)); a.WorkerID != "h" {
+		t.Fatalf("t2 went to %s", a.WorkerID)
+	}
+	b.clock.advance(45 * time.Millisecond) // h frees in ~5ms; m's load needs ~1.95s more
+	t3 := b.task("A")
+	if as := b.submit(t3); len(as) == 1 && as[0].WorkerID == "m" {
+		t.Fatalf("t3 sent to m to wait ~1.95s for its load, though h frees in ~5ms")
+	}
+	b.s.Rebalance() // m, free, reconsiders the queue: the same answer
+	if !t3.Queued() {
+		t.Fatalf("t3 left the queue for %s before h freed", t3.WorkerID())
+	}
+	b.clock.advance(5 * time.Millisecond)
+	if a := one(t, b.complete(t2, false)); a.Task != t3 || a.WorkerID != "h" {
+		t.Fatalf("h freed and got %+v, want t3", a)
+	}
+}
+
+// A copy that finishes loading takes the tasks that waited for another holder rather
+// than for it: they no longer wait for the next tick or the copy's first result.
+func TestCopyThatFinishesLoadingTakesQueuedTasks(t *testing.T) {
+	b := setup(t, Config{LoadTimePrior: 2 * time.Second, RunTimePrior: 50 * time.Millisecond})
+	b.worker("m", 2, 3)
+	one(t, b.submit(b.task("A"))) // m loads A
+	b.worker("h", 1, 1, "A")
+	one(t, b.submit(b.task("A"))) // h busy
+	b.clock.advance(45 * time.Millisecond)
+	t3 := b.task("A")
+	none(t, b.submit(t3)) // h frees sooner than m's load ends
+	out := b.s.LabelLoaded("m", "A")
+	if len(out.Assigned) != 1 || out.Assigned[0].Task != t3 || out.Assigned[0].WorkerID != "m" {
+		t.Fatalf("m loaded A and assigned %+v, want t3 on m", out.Assigned)
+	}
+}

@@ -633,12 +633,16 @@ func (s *Scheduler) LabelLoaded(workerID, label string) *Outcome {
 		// about loading them.
 		delete(s.failing, label)
 		h := w.held[i]
+		wasPending := h.pending
 		h.pending = false
 		if h.doomed {
 			// An eviction reported for an earlier copy doomed this one: the unload of
 			// one task raced the assignment that loads the label again on the same
 			// worker. Events arrive in order, so this load came after it.
 			s.undoom(w, h)
+			s.fill(w)
+		} else if wasPending {
+			// Tasks may have queued for a busy holder rather than wait out this load.
 			s.fill(w)
 		}
 		return out
@@ -730,26 +734,45 @@ func (s *Scheduler) place(t *Task) bool {
 		return false
 	}
 	ls := s.labels[t.Label]
-	if ls != nil && ls.idle.len() > 0 {
-		if w := ls.idle.last(); !t.excludes(w.id) {
-			s.assign(w, t)
-			return true
-		}
-		for i := 0; i < ls.idle.len() && i < placeTries; i++ {
-			if w := ls.idle.at(i); !t.excludes(w.id) {
-				s.assign(w, t)
-				return true
-			}
-		}
-	}
-	if ls != nil && ls.active > 0 {
-		ahead := ls.queued
+	ahead := 0
+	if ls != nil {
+		ahead = ls.queued
 		if t.state == stateQueued {
 			ahead-- // it is counted in its own queue
 		}
-		if !s.loadBeatsWait(t.Label, ls, ahead) {
-			return false
+	}
+	if ls != nil && ls.idle.len() > 0 {
+		if w := ls.idle.last(); !t.excludes(w.id) {
+			if h := w.heldOf(ls); s.loadedEnough(h) {
+				s.assign(w, h, t)
+				return true
+			}
 		}
+		// An idle holder whose copy is still loading serves the task only when the rest
+		// of its load ends sooner than a busy holder frees up; a loaded idle holder wins.
+		var loading *heldLabel
+		var loadingOn *worker
+		for i := 0; i < ls.idle.len() && i < placeTries; i++ {
+			w := ls.idle.at(i)
+			if t.excludes(w.id) {
+				continue
+			}
+			h := w.heldOf(ls)
+			if s.loadedEnough(h) {
+				s.assign(w, h, t)
+				return true
+			}
+			if loading == nil || h.loadedAt.Before(loading.loadedAt) {
+				loading, loadingOn = h, w
+			}
+		}
+		if loading != nil && s.loadEndBeatsWait(loading, ahead) {
+			s.assign(loadingOn, loading, t)
+			return true
+		}
+	}
+	if ls != nil && ls.active > 0 && !s.loadBeatsWait(t.Label, ls, ahead) {
+		return false
 	}
 	w := s.loadTarget(t)
 	if w == nil {
@@ -785,10 +808,18 @@ func (s *Scheduler) loadBeatsWait(label string, ls *labelState, ahead int) bool 
 const holderSample = 8
 
 // expectedWait estimates how long a task waits for a holder of its label with `ahead`
-// tasks queued before it: the earliest time a holder is expected to free up (what is
-// left of the task it runs, including a load still in progress), plus the queue ahead
-// shared among the holders at the run time each has shown for this label.
+// tasks queued before it, its own run included (see expectedStart).
 func (s *Scheduler) expectedWait(label string, ls *labelState, ahead int, st estimate) time.Duration {
+	start, run := s.expectedStart(label, ls, ahead, st)
+	return start + run
+}
+
+// expectedStart estimates when a holder of the label starts a task with `ahead` tasks
+// queued before it, and how long the task then runs: the earliest time a holder is
+// expected to free up for the label (what is left of the task it runs, or of its copy's
+// load while that is in progress), plus the queue ahead shared among the holders, at
+// the run time each has shown for this label.
+func (s *Scheduler) expectedStart(label string, ls *labelState, ahead int, st estimate) (start, run time.Duration) {
 	soonest := time.Duration(-1)
 	var runSum time.Duration
 	n := 0
@@ -804,16 +835,44 @@ func (s *Scheduler) expectedWait(label string, ls *labelState, ahead int, st est
 			run = h.runEst
 		}
 		runSum += run
-		free := s.remaining(w)
+		// A copy still loading serves nobody until it is loaded, free slots or not.
+		free := max(s.remaining(w), s.loadLeft(h, st))
 		if soonest < 0 || free < soonest {
 			soonest = free
 		}
 	}
 	if n == 0 {
+		return 0, 0
+	}
+	run = runSum / time.Duration(n)
+	perHolder := float64(ahead) / float64(ls.active)
+	return soonest + time.Duration(perHolder*float64(run)), run
+}
+
+// loadLeft is how long h's copy is expected to go on loading: zero once loaded, else
+// what its label's load estimate leaves since the load was assigned (zero past it: a
+// load past its estimate is taken to be ending now, like a task past its run time).
+func (s *Scheduler) loadLeft(h *heldLabel, st estimate) time.Duration {
+	if !h.pending {
 		return 0
 	}
-	perHolder := float64(ahead) / float64(ls.active)
-	return soonest + time.Duration(perHolder*float64(runSum/time.Duration(n))) + runSum/time.Duration(n)
+	return max(st.load-s.now.Sub(h.loadedAt), 0)
+}
+
+// loadedEnough reports whether h's copy can run a task now, as far as the scheduler
+// knows: it is loaded, or its load is expected to have ended.
+func (s *Scheduler) loadedEnough(h *heldLabel) bool {
+	return !h.pending || s.loadLeft(h, s.statsOf(h.state)) == 0
+}
+
+// loadEndBeatsWait reports whether a task with `ahead` queued before it starts no later
+// on a free slot of the worker whose copy h is still loading (when the load ends) than
+// by waiting in the queue for a holder. Starts are compared, the run being the same
+// either way; a tie goes to the loading copy, which counts among the holders itself.
+func (s *Scheduler) loadEndBeatsWait(h *heldLabel, ahead int) bool {
+	st := s.statsOf(h.state)
+	start, _ := s.expectedStart(h.label, h.state, ahead, st)
+	return s.loadLeft(h, st) <= start
 }
 
 // remaining is how long until w is expected to have a free slot: zero when it has one,
@@ -838,22 +897,16 @@ func (s *Scheduler) remaining(w *worker) time.Duration {
 // took when it started (a running task's label is held and cannot be forgotten),
 // rather than by comparing names.
 func (s *Scheduler) expectedRun(w *worker, t *Task) time.Duration {
-	i := -1
-	for j := range w.held {
-		if w.held[j].state == t.labelState {
-			i = j
-			break
-		}
-	}
-	if i < 0 { // cannot happen for a running task; the invariant check holds it
+	h := w.heldOf(t.labelState)
+	if h == nil { // cannot happen for a running task; the invariant check holds it
 		return s.stats(t.Label).run
 	}
-	st := s.statsOf(w.held[i].state)
+	st := s.statsOf(h.state)
 	expect := st.run
-	if w.held[i].runEst > 0 {
-		expect = w.held[i].runEst
+	if h.runEst > 0 {
+		expect = h.runEst
 	}
-	if w.held[i].pending {
+	if h.pending {
 		expect += st.load
 	}
 	return expect
@@ -934,7 +987,7 @@ func (s *Scheduler) assignLoading(w *worker, t *Task) bool {
 		if w.held[i].doomed {
 			return false
 		}
-		s.assign(w, t)
+		s.assign(w, w.held[i], t)
 		return true
 	}
 	evict := ""
@@ -947,14 +1000,15 @@ func (s *Scheduler) assignLoading(w *worker, t *Task) bool {
 		s.dropHeld(w, v)
 	}
 	s.addHeld(w, t.Label, true)
-	s.assign(w, t)
+	s.assign(w, w.held[len(w.held)-1], t)
 	a := &s.out.Assigned[len(s.out.Assigned)-1]
 	a.Load, a.EvictLabel = true, evict
 	return true
 }
 
-// assign starts t on w, which holds t's label (perhaps pending a load).
-func (s *Scheduler) assign(w *worker, t *Task) {
+// assign starts t on w, whose entry for t's label (perhaps pending a load) is h: the
+// callers have it at hand, so the hit path does not look it up twice.
+func (s *Scheduler) assign(w *worker, h *heldLabel, t *Task) {
 	if t.state == stateQueued {
 		s.unqueue(t)
 	}
@@ -963,11 +1017,10 @@ func (s *Scheduler) assign(w *worker, t *Task) {
 	t.Attempt++
 	t.Started = s.now
 	w.running = append(w.running, t)
-	i := w.find(t.Label)
-	t.labelState = w.held[i].state
-	w.held[i].inUse++
+	t.labelState = h.state
+	h.inUse++
 	s.useTick++
-	w.held[i].lastUse = s.useTick
+	h.lastUse = s.useTick
 	s.refreshFree(w)
 	s.out.Assigned = append(s.out.Assigned, Assignment{Task: t, WorkerID: w.id})
 }
@@ -1066,7 +1119,8 @@ func (s *Scheduler) pick(w *worker) *Task {
 		if h.doomed {
 			continue
 		}
-		if c := firstFor(&h.state.queue, w); c != nil && (best == nil || c.seq < best.seq) {
+		if c := firstFor(&h.state.queue, w); c != nil && (best == nil || c.seq < best.seq) &&
+			(s.loadedEnough(h) || s.loadEndBeatsWait(h, 0)) {
 			best = c
 		}
 	}

@@ -90,6 +90,17 @@ func (w *worker) find(label string) int {
 	return -1
 }
 
+// heldOf is the worker's entry for the label whose state is ls, or nil. Comparing state
+// pointers rather than names keeps it cheap on the placement hot path.
+func (w *worker) heldOf(ls *labelState) *heldLabel {
+	for _, h := range w.held {
+		if h.state == ls {
+			return h
+		}
+	}
+	return nil
+}
+
 func (w *worker) canLoad(label string) bool {
 	if w.loadable == nil {
 		return true
