@@ -133,7 +133,13 @@ type engine struct {
 	latencies []float64
 	distinct  map[string]struct{}
 	busy      time.Duration
+	// loadEnds is when each worker's latest load of a label ends: a task sent to a
+	// worker with other free slots while its copy still loads waits for that load, as
+	// on a real worker.
+	loadEnds map[copyKey]time.Duration
 }
+
+type copyKey struct{ worker, label string }
 
 type traceLine struct {
 	at    time.Duration
@@ -149,7 +155,7 @@ func Run(sc Scenario, policy string, seed uint64, opt Options) (Result, error) {
 		return Result{}, err
 	}
 	e := &engine{sc: sc, router: router, clock: clock, pop: newPopularity(sc.Labels),
-		taskRNG: rand.New(rand.NewPCG(seed, 1)), distinct: map[string]struct{}{}}
+		taskRNG: rand.New(rand.NewPCG(seed, 1)), distinct: map[string]struct{}{}, loadEnds: map[copyKey]time.Duration{}}
 	e.res.Policy = policy
 	e.res.sent = map[int]int{}
 	e.labelNames = make([]string, sc.Labels.Count)
@@ -287,9 +293,13 @@ func (e *engine) apply(out *scheduler.Outcome) {
 		t := a.Task.Ref.(*simTask)
 		e.waiting--
 		dur := t.run
+		key := copyKey{a.WorkerID, a.Task.Label}
 		if a.Load {
 			dur += t.load
 			e.res.Misses++
+			e.loadEnds[key] = e.clock.now + t.load
+		} else if end := e.loadEnds[key]; end > e.clock.now {
+			dur += end - e.clock.now
 		}
 		if a.EvictLabel != "" {
 			e.res.Evictions++

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"math"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -152,6 +153,34 @@ func TestTraceArrivals(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "trace.csv"), []byte("zero,a\n"), 0o600)
 	if _, err := Run(sc, "ours", 1, Options{}); err == nil || !strings.Contains(err.Error(), "line 1") {
 		t.Fatalf("bad trace: %v", err)
+	}
+}
+
+// A task sent to a worker whose copy of its label is still loading (another slot
+// started the load) waits for that load, as on a real worker: it does not run at once.
+func TestTaskOnALoadingCopyWaitsForTheLoad(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "trace.csv"), []byte("0.0,a\n0.1,a\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	scen := `{"name":"loading","workers":{"count":1,"max_labels":1,"slots":2},"labels":{"count":1},
+"load":{"kind":"fixed","value":"1s"},"run":{"kind":"fixed","value":"100ms"},"arrival":{"kind":"trace","file":"trace.csv"}}`
+	path := filepath.Join(dir, "s.json")
+	os.WriteFile(path, []byte(scen), 0o600)
+	sc, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, policy := range []string{"ours", "random"} {
+		r, err := Run(sc, policy, 1, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The first ends at 1.1 s (load, run); the second, in at 0.1 s, at 1.1 s too.
+		if r.Tasks != 2 || r.Misses != 1 || math.Abs(r.MeanLatency-1.05) > 1e-9 {
+			t.Fatalf("%s: %d tasks, %d loads, mean latency %.3fs; want 2, 1, 1.050s", policy, r.Tasks, r.Misses, r.MeanLatency)
+		}
 	}
 }
 
