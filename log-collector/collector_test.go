@@ -11,6 +11,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/rs/zerolog"
 
@@ -284,5 +285,30 @@ func TestMissingBatchesAreNoted(t *testing.T) {
 	var note collectorNote
 	if len(got) != 3 || json.Unmarshal([]byte(got[1]), &note) != nil || note.Event != "log_batches_missing" || note.MissingFrom != 2 || note.MissingTo != 3 {
 		t.Fatalf("lines %q", got)
+	}
+}
+
+// A record whose strings hold invalid UTF-8 is still one JSON object per line, valid
+// UTF-8, with its fields intact: the file and GET /logs stay readable by strict JSON
+// readers, and the record still counts under its event.
+func TestInvalidUTF8RecordIsStoredAsValidJSON(t *testing.T) {
+	t.Parallel()
+	r := startCollector(t, Config{})
+	a, _ := connect(t, r.ingestURL(), "w1", "s1")
+	rec := "{\"level\":\"warn\",\"event\":\"label_miss\",\"message\":\"bad \xff\xfe bytes\"}"
+	if ack := a.batch(1, 0, rec); ack != 1 {
+		t.Fatalf("ack = %d", ack)
+	}
+	got := lines(t, r.dir, "w1")
+	if len(got) != 1 || !utf8.ValidString(got[0]) || !json.Valid([]byte(got[0])) {
+		t.Fatalf("file holds %q, want one valid UTF-8 JSON line", got)
+	}
+	var f struct{ Event, Message string }
+	if err := json.Unmarshal([]byte(got[0]), &f); err != nil || f.Event != "label_miss" || f.Message != "bad \uFFFD bytes" {
+		t.Fatalf("stored record %q: event %q message %q, err %v", got[0], f.Event, f.Message, err)
+	}
+	code, body := r.get("/logs?worker=w1&event=label_miss")
+	if code != 200 || !utf8.Valid(body) {
+		t.Fatalf("GET /logs = %d, %q: want 200 and valid UTF-8", code, body)
 	}
 }

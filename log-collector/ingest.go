@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/gorilla/websocket"
 	"github.com/labstack/echo/v4"
@@ -379,6 +380,13 @@ func (c *Collector) batchLines(worker string, b *pb.LogBatch, last, dropped uint
 func appendRecord(out []byte, worker string, r []byte) []byte {
 	t := bytes.TrimSpace(r)
 	if len(t) > 0 && t[0] == '{' && json.Valid(t) {
+		// json.Valid lets invalid UTF-8 through inside strings; stored as is, the file
+		// and GET /logs would not be JSON to strict readers. Outside strings such bytes
+		// fail json.Valid, so replacing them keeps the object valid and its fields
+		// (event, level) readable.
+		if !utf8.Valid(t) {
+			t = bytes.ToValidUTF8(t, []byte("\uFFFD"))
+		}
 		if bytes.ContainsAny(t, "\r\n") {
 			var buf bytes.Buffer
 			if json.Compact(&buf, t) == nil {
