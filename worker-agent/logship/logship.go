@@ -230,6 +230,11 @@ type Shipper struct {
 	held    int      // record bytes in pending and unacked
 	closed  bool     // Close was called: Write drops
 	stats   Stats
+	// reported is the dropped count carried by the newest batch formed. While
+	// stats.Dropped is above it, a batch is formed even with no record to carry, so
+	// that drops with nothing logged after them (the last ones before Close, a lone
+	// overlong record) still reach the collector.
+	reported uint64
 
 	// wake tells the run goroutine there is something to do (a record, an ack).
 	// Buffered 1; anyone sends without blocking, only run receives.
@@ -297,6 +302,7 @@ func (s *Shipper) Write(p []byte) (int, error) {
 	if s.closed || len(rec) > s.cfg.MaxRecordBytes || s.held+len(rec) > s.cfg.BufferBytes {
 		s.stats.Dropped++
 		s.mu.Unlock()
+		s.signal() // the count must travel even if nothing is logged after it
 		return n, nil
 	}
 	s.pending = append(s.pending, rec)
@@ -362,7 +368,7 @@ func (s *Shipper) flushed() bool {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.held == 0
+	return s.held == 0 && len(s.unacked) == 0 && s.reported == s.stats.Dropped
 }
 
 // acked forgets the batches up to seq and frees their bytes.
@@ -394,7 +400,7 @@ func (s *Shipper) nextToSend(lastSent uint64) (*batch, error) {
 			return b, nil
 		}
 	}
-	if len(s.pending) == 0 || len(s.unacked) >= s.cfg.MaxInFlight {
+	if len(s.pending) == 0 && s.reported == s.stats.Dropped || len(s.unacked) >= s.cfg.MaxInFlight {
 		return nil, nil
 	}
 	n, size := 0, 0
@@ -417,6 +423,7 @@ func (s *Shipper) nextToSend(lastSent uint64) (*batch, error) {
 		return nil, fmt.Errorf("encode log batch: %w", err)
 	}
 	b := &batch{seq: s.stats.Batches, records: n, bytes: size, frame: frame}
+	s.reported = s.stats.Dropped
 	clear(s.pending[:n])
 	s.pending = s.pending[n:]
 	if len(s.pending) == 0 {

@@ -456,3 +456,46 @@ func TestCloseFlushesWithoutWaitingOutTheBackoff(t *testing.T) {
 		t.Fatal("the collector got no batch")
 	}
 }
+
+// Drops with nothing logged after them still reach the collector: a lone overlong
+// record is reported in a batch of its own, and Close waits for its acknowledgement.
+func TestDropsWithNothingAfterThemAreReported(t *testing.T) {
+	t.Parallel()
+	batches := make(chan *pb.LogBatch, 100)
+	f := newFakeCollector(t, true, func(conn int, c *fakeConn) {
+		c.welcome(0)
+		for {
+			env, err := c.read()
+			if err != nil {
+				return
+			}
+			if b := env.GetBatch(); b != nil {
+				batches <- b
+				c.ack(b.GetSeq())
+			}
+		}
+	})
+	cfg := testConfig(f.url)
+	cfg.MaxRecordBytes = len(record(0))
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeRecords(t, s, 0, 1)
+	first := <-batches // the record's batch is formed before the drop
+	records, dropped := len(first.GetRecords()), first.GetDropped()
+	if _, err := s.Write([]byte(record(0) + `,"pad":"` + strings.Repeat("x", 64) + "\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	close(batches)
+	for b := range batches {
+		records += len(b.GetRecords())
+		dropped = max(dropped, b.GetDropped())
+	}
+	if records != 1 || dropped != 1 {
+		t.Fatalf("collector got %d records and a dropped count of %d, want 1 and 1", records, dropped)
+	}
+}
