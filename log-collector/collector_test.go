@@ -312,3 +312,39 @@ func TestInvalidUTF8RecordIsStoredAsValidJSON(t *testing.T) {
 		t.Fatalf("GET /logs = %d, %q: want 200 and valid UTF-8", code, body)
 	}
 }
+
+// An agent replaced by a newer process under the same worker id (the old one still
+// flushing) reconnects and resends a batch whose ack it lost: the collector remembers
+// where that stream stood and does not write the batch twice.
+func TestReplacedStreamReconnectingIsNotWrittenTwice(t *testing.T) {
+	t.Parallel()
+	r := startCollector(t, Config{})
+	old, _ := connect(t, r.ingestURL(), "w1", "old")
+	old.batch(1, 0, `{"n":1}`)
+	old.batch(2, 0, `{"n":2}`) // say its ack was lost: the agent still holds batch 2
+
+	successor, _ := connect(t, r.ingestURL(), "w1", "new")
+	if code := old.closeCode(); code != int(pb.CloseCode_CLOSE_CODE_REPLACED) {
+		t.Fatalf("old stream closed with %d, want REPLACED", code)
+	}
+	successor.batch(1, 0, `{"n":3}`)
+
+	again, last := connect(t, r.ingestURL(), "w1", "old")
+	if last != 2 {
+		t.Fatalf("the replaced stream reconnecting: welcome last_seq = %d, want 2", last)
+	}
+	again.batch(2, 0, `{"n":2}`)
+	again.batch(3, 0, `{"n":4}`)
+	again.ws.Close()
+
+	// Restarted, the collector still knows both streams.
+	r.stop()
+	r2 := startCollector(t, Config{Dir: r.dir})
+	if _, last := connect(t, r2.ingestURL(), "w1", "new"); last != 1 {
+		t.Fatalf("after a restart the successor's welcome last_seq = %d, want 1", last)
+	}
+	got := lines(t, r.dir, "w1")
+	if strings.Join(got, " ") != `{"n":1} {"n":2} {"n":3} {"n":4}` {
+		t.Fatalf("file holds %q, want each record once", got)
+	}
+}

@@ -192,10 +192,9 @@ func (c *Collector) serveStream(ic *ingestConn) error {
 		return &streamError{code: websocket.CloseInternalServerErr, reason: "cannot open the worker's log files"}
 	}
 	w.mu.Lock()
-	if w.state.StreamID != hello.GetStreamId() {
-		// A new run of the agent: its sequence numbers start again.
-		w.state.StreamID, w.state.LastSeq, w.state.Dropped = hello.GetStreamId(), 0, 0
-	}
+	// A new run of the agent starts its sequence numbers again; a stream this one
+	// replaced takes up where it stood.
+	w.state.switchStream(hello.GetStreamId())
 	prev := w.owner
 	w.owner = ic
 	last := w.state.LastSeq

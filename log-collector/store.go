@@ -22,7 +22,7 @@ import (
 //
 //	00000001.jsonl, 00000002.jsonl, …  its records, one JSON object per line, oldest
 //	                                   file first; the highest number is being written
-//	state.json                         {"stream_id","last_seq","dropped","file","size"}
+//	state.json                         {"stream_id","last_seq","dropped","file","size","earlier"}
 //
 // A batch is appended to the current file and fsynced; then state.json is replaced
 // (write, fsync, rename, fsync the directory) with the batch's seq and the file's new
@@ -43,6 +43,42 @@ type workerState struct {
 	Dropped  uint64 `json:"dropped"`  // the agent's dropped count as of LastSeq
 	File     int    `json:"file"`     // number of the current data file
 	Size     int64  `json:"size"`     // its size after the batch LastSeq
+	// Earlier are the streams this one took over from, newest first, at most
+	// maxEarlierStreams. A replaced agent that is still running (an old process
+	// flushing beside its successor under the same worker id) reconnects; without its
+	// last seq it would be welcomed at 0 and write again a batch whose ack it lost.
+	Earlier []streamMark `json:"earlier,omitempty"`
+}
+
+// streamMark is where a stream other than the current one stood.
+type streamMark struct {
+	StreamID string `json:"stream_id"`
+	LastSeq  uint64 `json:"last_seq"`
+	Dropped  uint64 `json:"dropped"`
+}
+
+// maxEarlierStreams bounds workerState.Earlier: a few overlapping agent processes.
+const maxEarlierStreams = 8
+
+// switchStream makes id the current stream, remembering the one it replaces and
+// taking up where id stood if it streamed before. The caller holds the worker's mu.
+func (st *workerState) switchStream(id string) {
+	if st.StreamID == id {
+		return
+	}
+	earlier := make([]streamMark, 0, len(st.Earlier)+1)
+	if st.StreamID != "" {
+		earlier = append(earlier, streamMark{st.StreamID, st.LastSeq, st.Dropped})
+	}
+	st.StreamID, st.LastSeq, st.Dropped = id, 0, 0
+	for _, m := range st.Earlier {
+		if m.StreamID == id {
+			st.LastSeq, st.Dropped = m.LastSeq, m.Dropped
+			continue
+		}
+		earlier = append(earlier, m)
+	}
+	st.Earlier = earlier[:min(len(earlier), maxEarlierStreams)]
 }
 
 // store holds every worker's files under one directory.
