@@ -84,6 +84,8 @@ type testHooks struct {
 	// afterWrite runs once a batch is durably written, before it is acknowledged; an
 	// error drops the connection without the ack, as a crash there would.
 	afterWrite func(worker string, seq uint64) error
+	// queryBytes, when above 0, replaces MaxQueryBytes.
+	queryBytes int
 }
 
 // WithDefaults returns a copy of c with zero values replaced by their defaults.
@@ -248,6 +250,9 @@ func (c *Collector) getLogs(ctx echo.Context) error {
 	q, err := parseLogQuery(ctx.QueryParams(), time.Now())
 	if err != nil {
 		return ctx.JSON(http.StatusBadRequest, errorBody{err.Error()})
+	}
+	if h := c.cfg.hooks; h != nil && h.queryBytes > 0 {
+		q.maxBytes = h.queryBytes
 	}
 	resp, err := c.store.query(q)
 	if errors.Is(err, errUnknownWorker) {

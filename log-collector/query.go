@@ -17,6 +17,10 @@ import (
 const (
 	DefaultQueryLimit = 100
 	MaxQueryLimit     = 10000
+	// MaxQueryBytes bounds the record bytes one GET /logs holds and returns: records
+	// may be up to a frame long (16 MiB), and limit × that would take the collector
+	// down. Older matches beyond it are left out, as beyond limit.
+	MaxQueryBytes = 64 << 20
 )
 
 var queryParams = []string{"worker", "level", "event", "since", "until", "limit"}
@@ -29,12 +33,13 @@ type logQuery struct {
 	since    time.Time     // records at or after it; zero: no bound
 	until    time.Time     // records before it; zero: no bound
 	limit    int
+	maxBytes int // record bytes held and returned; MaxQueryBytes unless a test lowers it
 }
 
 // parseLogQuery validates the query parameters of GET /logs; its errors are meant for
 // the caller and name the parameter. now anchors durations ("since=15m").
 func parseLogQuery(v url.Values, now time.Time) (logQuery, error) {
-	q := logQuery{minLevel: zerolog.NoLevel, limit: DefaultQueryLimit}
+	q := logQuery{minLevel: zerolog.NoLevel, limit: DefaultQueryLimit, maxBytes: MaxQueryBytes}
 	for name, vals := range v {
 		if !slices.Contains(queryParams, name) {
 			return q, fmt.Errorf("unknown parameter %q (known: %s)", name, strings.Join(queryParams, ", "))
@@ -179,27 +184,28 @@ func (s *store) query(q logQuery) (logsResponse, error) {
 		if w == nil {
 			return logsResponse{}, fmt.Errorf("%w: %s", errUnknownWorker, id)
 		}
-		ring := make([]matchedRecord, 0, min(q.limit, 1024))
-		next, matched := 0, 0
+		var recent []matchedRecord // the last matches in file order, oldest first
+		head, held := 0, 0         // recent[head:] are kept; held counts their bytes
 		err = w.scan(func(line []byte) {
 			t, ok := q.match(line)
 			if !ok {
 				return
 			}
-			matched++
-			m := matchedRecord{raw: json.RawMessage(slices.Clone(line)), time: t}
-			if len(ring) < q.limit {
-				ring = append(ring, m)
-				return
+			recent = append(recent, matchedRecord{raw: json.RawMessage(slices.Clone(line)), time: t})
+			held += len(line)
+			for len(recent)-head > 1 && (len(recent)-head > q.limit || held > q.maxBytes) {
+				held -= len(recent[head].raw)
+				recent[head] = matchedRecord{}
+				head, truncated = head+1, true
 			}
-			ring[next] = m
-			next = (next + 1) % q.limit
+			if head > len(recent)/2 && head >= 1024 { // reuse the front instead of growing
+				recent, head = append(recent[:0], recent[head:]...), 0
+			}
 		})
 		if err != nil {
 			return logsResponse{}, err
 		}
-		truncated = truncated || matched > len(ring)
-		ring = slices.Concat(ring[next:], ring[:next]) // oldest first
+		ring := recent[head:]
 		if len(ids) == 1 {
 			all = ring
 			break
@@ -208,18 +214,28 @@ func (s *store) query(q logQuery) (logsResponse, error) {
 		// worker would grow with the number of workers ever seen.
 		slices.SortStableFunc(ring, byTime)
 		all = mergeByTime(all, ring)
-		if len(all) > q.limit {
-			all, truncated = all[len(all)-q.limit:], true
-		}
+		all = keepLast(all, q, &truncated)
 	}
-	if len(all) > q.limit {
-		all, truncated = all[len(all)-q.limit:], true
-	}
+	all = keepLast(all, q, &truncated)
 	resp := logsResponse{Records: make([]json.RawMessage, len(all)), Count: len(all), Truncated: truncated}
 	for i, m := range all {
 		resp.Records[i] = m.raw
 	}
 	return resp, nil
+}
+
+// keepLast drops the oldest records beyond q.limit or q.maxBytes (always keeping the
+// newest), noting that in truncated.
+func keepLast(all []matchedRecord, q logQuery, truncated *bool) []matchedRecord {
+	held := 0
+	for i := len(all) - 1; i >= 0; i-- {
+		held += len(all[i].raw)
+		if i < len(all)-1 && (len(all)-i > q.limit || held > q.maxBytes) {
+			*truncated = true
+			return all[i+1:]
+		}
+	}
+	return all
 }
 
 func byTime(a, b matchedRecord) int { return a.time.Compare(b.time) }

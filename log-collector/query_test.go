@@ -231,3 +231,41 @@ func FuzzDecodeLogFrame(f *testing.F) {
 		}
 	})
 }
+
+// GET /logs holds and returns at most MaxQueryBytes of records, the newest kept: with
+// records up to a frame long, limit=10000 of them would otherwise exhaust memory.
+func TestLogsQueryBytesAreBounded(t *testing.T) {
+	t.Parallel()
+	const budget = 2000
+	r := startCollector(t, Config{hooks: &testHooks{queryBytes: budget}})
+	for _, worker := range []string{"w1", "w2"} {
+		a, _ := connect(t, r.ingestURL(), worker, "s1")
+		var recs []string
+		for i := range 20 {
+			recs = append(recs, fmt.Sprintf(`{"level":"info","time":"2026-03-01T12:00:%02dZ","worker":%q,"i":%d,"pad":%q}`,
+				i, worker, i, strings.Repeat("x", 200)))
+		}
+		a.batch(1, 0, recs...)
+	}
+	for _, path := range []string{"/logs?worker=w1&limit=10000", "/logs?limit=10000"} {
+		code, body := r.get(path)
+		var resp struct {
+			Records   []json.RawMessage `json:"records"`
+			Truncated bool              `json:"truncated"`
+		}
+		if code != 200 || json.Unmarshal(body, &resp) != nil {
+			t.Fatalf("%s = %d %s", path, code, body)
+		}
+		held := 0
+		for _, rec := range resp.Records {
+			held += len(rec)
+		}
+		if held > budget || len(resp.Records) == 0 || !resp.Truncated {
+			t.Fatalf("%s: %d records of %d bytes, truncated %v; want at most %d bytes, truncated", path, len(resp.Records), held, resp.Truncated, budget)
+		}
+		var newest struct{ I int }
+		if err := json.Unmarshal(resp.Records[len(resp.Records)-1], &newest); err != nil || newest.I != 19 {
+			t.Fatalf("%s: newest record %s, want i 19", path, resp.Records[len(resp.Records)-1])
+		}
+	}
+}
