@@ -149,6 +149,12 @@ func TestIngestRefusals(t *testing.T) {
 		"other id": {&pb.LogEnvelope{Body: &pb.LogEnvelope_Hello{Hello: &pb.LogHello{
 			ProtocolVersion: pb.LogProtocolVersion_LOG_PROTOCOL_VERSION_CURRENT, WorkerId: "w2", StreamId: "s"}}}, pb.CloseCode_CLOSE_CODE_BAD_FRAME},
 		"batch first": {&pb.LogEnvelope{Body: &pb.LogEnvelope_Batch{Batch: &pb.LogBatch{Seq: 1}}}, pb.CloseCode_CLOSE_CODE_BAD_FRAME},
+		// Rewritten into state.json with every batch: a megabyte would cost a megabyte
+		// fsynced per batch.
+		"huge stream id": {&pb.LogEnvelope{Body: &pb.LogEnvelope_Hello{Hello: &pb.LogHello{
+			ProtocolVersion: pb.LogProtocolVersion_LOG_PROTOCOL_VERSION_CURRENT, WorkerId: "w1", StreamId: strings.Repeat("s", 1<<20)}}}, pb.CloseCode_CLOSE_CODE_BAD_FRAME},
+		"huge agent": {&pb.LogEnvelope{Body: &pb.LogEnvelope_Hello{Hello: &pb.LogHello{
+			ProtocolVersion: pb.LogProtocolVersion_LOG_PROTOCOL_VERSION_CURRENT, WorkerId: "w1", StreamId: "s", Agent: strings.Repeat("a", 1<<20)}}}, pb.CloseCode_CLOSE_CODE_BAD_FRAME},
 	} {
 		a, _, err := dialIngest(t, r.ingestURL(), "w1")
 		if err != nil {

@@ -27,6 +27,12 @@ var upgrader = websocket.Upgrader{
 	CheckOrigin: func(*http.Request) bool { return true },
 }
 
+// Limits of a hello's free-form fields; agents send 16 hex digits and a short version.
+const (
+	maxStreamIDBytes = 128
+	maxAgentBytes    = 256
+)
+
 // Frame errors: a frame that cannot be used closes the stream with BAD_FRAME.
 var (
 	errEmptyFrame = errors.New("empty frame")
@@ -186,6 +192,11 @@ func (c *Collector) serveStream(ic *ingestConn) error {
 		return badFrame("hello worker_id %q does not match Worker-Id header %q", hello.GetWorkerId(), ic.worker)
 	case hello.GetStreamId() == "":
 		return badFrame("hello stream_id is required")
+	case len(hello.GetStreamId()) > maxStreamIDBytes:
+		// It is rewritten into state.json with every batch and logged.
+		return badFrame("hello stream_id of %d bytes exceeds %d", len(hello.GetStreamId()), maxStreamIDBytes)
+	case len(hello.GetAgent()) > maxAgentBytes:
+		return badFrame("hello agent of %d bytes exceeds %d", len(hello.GetAgent()), maxAgentBytes)
 	}
 	w, err := c.store.worker(ic.worker)
 	if err != nil {
