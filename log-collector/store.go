@@ -298,6 +298,13 @@ func (w *workerLog) appendBatch(data []byte, seq, dropped uint64, maxFileBytes i
 		if err != nil {
 			return err
 		}
+		// The file may run past the acknowledged size: a failed batch whose cut did not
+		// succeed either. Appending after it would put the next batch beyond what
+		// state.json records, where queries never read and a restart cuts it off.
+		if err := cutTo(f, w.state.Size); err != nil {
+			f.Close()
+			return fmt.Errorf("cutting a failed batch off: %w", err)
+		}
 		w.file = f
 		if !slices.Contains(w.files, w.state.File) {
 			w.files = append(w.files, w.state.File)
@@ -307,21 +314,47 @@ func (w *workerLog) appendBatch(data []byte, seq, dropped uint64, maxFileBytes i
 		}
 	}
 	if _, err := w.file.Write(data); err != nil {
-		// Leave no partial batch behind: the resend writes it whole.
-		_ = w.file.Truncate(w.state.Size)
+		w.dropBatch() // the resend writes it whole
 		return fmt.Errorf("write: %w", err)
 	}
 	if err := w.file.Sync(); err != nil {
-		_ = w.file.Truncate(w.state.Size)
+		w.dropBatch()
 		return fmt.Errorf("fsync: %w", err)
 	}
 	next := w.state
 	next.LastSeq, next.Dropped, next.Size = seq, max(dropped, w.state.Dropped), w.state.Size+int64(len(data))
-	if err := writeState(w.dir, next); err != nil {
-		_ = w.file.Truncate(w.state.Size)
+	if renamed, err := writeStateRenamed(w.dir, next); err != nil {
+		if renamed {
+			// state.json may already name this batch (only the directory's fsync
+			// failed): cutting the data off would lose it after a restart. Keep both;
+			// the batch is not acknowledged, and its resend is taken as a duplicate.
+			w.state = next
+		} else {
+			w.dropBatch()
+		}
 		return fmt.Errorf("state: %w", err)
 	}
 	w.state = next
+	return nil
+}
+
+// dropBatch cuts a batch that failed off the current file and closes it; the next
+// batch opens the file again and, should this cut have failed too, cuts it then.
+func (w *workerLog) dropBatch() {
+	_ = w.file.Truncate(w.state.Size)
+	_ = w.file.Close()
+	w.file = nil
+}
+
+// cutTo truncates f to size when it is longer.
+func cutTo(f *os.File, size int64) error {
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if fi.Size() > size {
+		return f.Truncate(size)
+	}
 	return nil
 }
 
@@ -351,14 +384,21 @@ func (w *workerLog) rotate(maxFiles int) error {
 }
 
 func writeState(dir string, st workerState) error {
+	_, err := writeStateRenamed(dir, st)
+	return err
+}
+
+// writeStateRenamed is writeState that also says whether the new state.json was
+// renamed into place, which a failed directory fsync leaves uncertain on disk.
+func writeStateRenamed(dir string, st workerState) (renamed bool, err error) {
 	b, err := json.Marshal(st)
 	if err != nil {
-		return err
+		return false, err
 	}
 	tmp := filepath.Join(dir, stateFile+".tmp")
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
-		return err
+		return false, err
 	}
 	_, err = f.Write(b)
 	if err == nil {
@@ -368,12 +408,12 @@ func writeState(dir string, st workerState) error {
 		err = cerr
 	}
 	if err != nil {
-		return err
+		return false, err
 	}
 	if err := os.Rename(tmp, filepath.Join(dir, stateFile)); err != nil {
-		return err
+		return false, err
 	}
-	return syncDir(dir)
+	return true, syncDir(dir)
 }
 
 func syncDir(dir string) error {
