@@ -420,6 +420,10 @@ func TestChartDefaultValues(t *testing.T) {
 		t.Errorf("generated API key %q too short or equal to the worker token", key)
 	}
 	ce := env(container(t, one[*appsv1.StatefulSet](t, r, "sr-smartroute-log-collector").Spec.Template.Spec, "log-collector"))
+	// A bound over all workers' files: pod names change with every rollout.
+	if got := ce["MAX_TOTAL_BYTES"].Value; got != "8589934592" {
+		t.Errorf("collector MAX_TOTAL_BYTES = %q, want 8 GiB (under the 10Gi claim)", got)
+	}
 	if ce["INGEST_TOKEN"].ValueFrom == nil || ce["INGEST_TOKEN"].ValueFrom.SecretKeyRef.Key != "ingest-tokens" {
 		t.Errorf("collector INGEST_TOKEN = %+v, want the Secret's ingest-tokens", ce["INGEST_TOKEN"])
 	}
@@ -731,4 +735,4 @@ smartroute_agent_run_duration_seconds smartroute_agent_tasks_total
 smartroute_agent_triton_errors_total smartroute_agent_log_records_dropped_total
 smartroute_collector_batches_total smartroute_collector_records_total
 smartroute_collector_duplicate_batches_total smartroute_collector_write_errors_total
-smartroute_collector_connected_streams`
+smartroute_collector_budget_deleted_files_total smartroute_collector_connected_streams`

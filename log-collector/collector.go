@@ -51,6 +51,10 @@ type Config struct {
 	// MaxFiles is how many files a worker keeps, the current one included; the oldest
 	// is deleted at rotation. Zero means 10.
 	MaxFiles int
+	// MaxTotalBytes bounds the files of all workers together: past it the oldest
+	// rotated-out files are deleted, whichever worker's they are (each worker's
+	// current file is kept). Zero means no bound beyond MaxFiles per worker.
+	MaxTotalBytes int64
 	// MaxFrameBytes is the read limit of an ingest frame. Zero means 16 MiB.
 	MaxFrameBytes int
 	// HelloTimeout bounds the wait for an agent's hello. Zero means 10s.
@@ -125,6 +129,9 @@ func (c Config) validate() error {
 	var errs []error
 	if c.MaxFileBytes < 1 {
 		errs = append(errs, fmt.Errorf("MaxFileBytes (--max-file-bytes) must be at least 1, got %d", c.MaxFileBytes))
+	}
+	if c.MaxTotalBytes < 0 {
+		errs = append(errs, fmt.Errorf("MaxTotalBytes (--max-total-bytes) must not be negative, got %d", c.MaxTotalBytes))
 	}
 	if c.MaxFiles < 1 {
 		errs = append(errs, fmt.Errorf("MaxFiles (--max-files) must be at least 1, got %d", c.MaxFiles))
@@ -202,6 +209,7 @@ func New(cfg Config) (*Collector, error) {
 	if err != nil {
 		return nil, err
 	}
+	st.maxTotalBytes = cfg.MaxTotalBytes
 	c := &Collector{
 		cfg:          cfg,
 		log:          cfg.Logger.With().Str("component", "log_collector").Logger(),
@@ -212,6 +220,7 @@ func New(cfg Config) (*Collector, error) {
 	}
 	c.met = newMetrics(c)
 	c.echo = c.routes()
+	c.trimToBudget() // a lower --max-total-bytes, or files left from before it was set
 	return c, nil
 }
 
@@ -332,4 +341,17 @@ func (c *Collector) shutdown(ctx context.Context) error {
 		return fmt.Errorf("ingest handlers still running after %s", c.cfg.ShutdownTimeout)
 	}
 	return c.store.close()
+}
+
+// trimToBudget keeps all workers' files within MaxTotalBytes (see store.trimToBudget).
+// Called at start and after each rotation, the only times the files grow by a file.
+func (c *Collector) trimToBudget() {
+	n, err := c.store.trimToBudget()
+	if n > 0 {
+		c.met.budgetDeletes.Add(float64(n))
+		c.log.Info().Int("deleted_files", n).Int64("max_total_bytes", c.cfg.MaxTotalBytes).Msg("deleted the oldest log files to stay within the total bound")
+	}
+	if err != nil {
+		c.log.Error().Err(err).Msg("cannot keep the log files within --max-total-bytes")
+	}
 }

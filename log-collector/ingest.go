@@ -306,6 +306,12 @@ func (c *Collector) writeBatch(w *workerLog, ic *ingestConn, b *pb.LogBatch) (ui
 	if seq == 0 {
 		return 0, badFrame("batch seq must be at least 1")
 	}
+	rotated := false
+	defer func() { // after the worker's lock is let go: trimming takes every worker's
+		if rotated {
+			c.trimToBudget()
+		}
+	}()
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.owner != ic {
@@ -320,7 +326,10 @@ func (c *Collector) writeBatch(w *workerLog, ic *ingestConn, b *pb.LogBatch) (ui
 		return seq, nil
 	}
 	data := c.batchLines(ic.worker, b, last, w.state.Dropped)
-	if err := w.appendBatch(data, seq, b.GetDropped(), c.cfg.MaxFileBytes, c.cfg.MaxFiles); err != nil {
+	file := w.state.File
+	err := w.appendBatch(data, seq, b.GetDropped(), c.cfg.MaxFileBytes, c.cfg.MaxFiles)
+	rotated = w.state.File != file && c.cfg.MaxTotalBytes > 0
+	if err != nil {
 		ic.log.Error().Err(err).Uint64("seq", seq).Msg("cannot write a log batch")
 		c.met.writeErrs.Inc()
 		return 0, &streamError{code: websocket.CloseInternalServerErr, reason: "cannot write the batch"}

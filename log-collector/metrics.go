@@ -13,6 +13,8 @@ type metrics struct {
 	records    prometheus.Counter
 	duplicates prometheus.Counter
 	writeErrs  prometheus.Counter
+	// budgetDeletes counts files trimToBudget deleted.
+	budgetDeletes prometheus.Counter
 }
 
 func newMetrics(c *Collector) *metrics {
@@ -25,11 +27,13 @@ func newMetrics(c *Collector) *metrics {
 		records:    counter("records_total", "Log records written, in the batches counted by batches_total."),
 		duplicates: counter("duplicate_batches_total", "Batches acknowledged without writing: already written (resent after a lost ack)."),
 		writeErrs:  counter("write_errors_total", "Batches that could not be written to disk; their stream is closed and the agent resends."),
+		budgetDeletes: counter("budget_deleted_files_total",
+			"Rotated-out log files deleted to keep all workers' files within --max-total-bytes."),
 	}
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.batches, m.records, m.duplicates, m.writeErrs,
+		m.batches, m.records, m.duplicates, m.writeErrs, m.budgetDeletes,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "smartroute_collector_connected_streams",
 			Help: "Agent log streams connected now."}, func() float64 {
 			c.mu.Lock()

@@ -2,6 +2,7 @@ package logcollector
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -89,6 +90,11 @@ type store struct {
 
 	mu      sync.Mutex
 	workers map[string]*workerLog // opened once, never removed
+
+	// maxTotalBytes bounds all workers' files together (0: no bound); trimMu makes
+	// one trimToBudget run at a time.
+	maxTotalBytes int64
+	trimMu        sync.Mutex
 }
 
 func newStore(dir string, maxFileBytes int64, maxFiles int) (*store, error) {
@@ -96,6 +102,71 @@ func newStore(dir string, maxFileBytes int64, maxFiles int) (*store, error) {
 		return nil, fmt.Errorf("log directory: %w", err)
 	}
 	return &store{dir: dir, maxFileBytes: maxFileBytes, maxFiles: maxFiles, workers: map[string]*workerLog{}}, nil
+}
+
+// trimToBudget deletes the oldest rotated-out data files, whichever worker's they are,
+// until the files of all workers fit maxTotalBytes, and returns how many it deleted.
+// MaxFiles bounds each worker, not the directory: worker ids are pod names, a rollout
+// brings a new set, and the files of workers long gone would fill the disk. A
+// worker's current file is never deleted: state.json points at it and a batch may be
+// going into it, so the bound can be exceeded by up to one file per worker.
+func (s *store) trimToBudget() (int, error) {
+	if s.maxTotalBytes <= 0 {
+		return 0, nil
+	}
+	s.trimMu.Lock()
+	defer s.trimMu.Unlock()
+	ids, err := s.workerIDs()
+	if err != nil {
+		return 0, err
+	}
+	type oldFile struct {
+		w       *workerLog
+		n       int
+		size    int64
+		modTime time.Time
+	}
+	var total int64
+	var old []oldFile
+	for _, id := range ids {
+		w, err := s.worker(id)
+		if err != nil {
+			return 0, err
+		}
+		w.mu.Lock()
+		for _, n := range w.files {
+			fi, err := os.Stat(w.dataPath(n))
+			if err != nil {
+				continue // deleted meanwhile, or unreadable: not counted
+			}
+			total += fi.Size()
+			if n != w.state.File {
+				old = append(old, oldFile{w, n, fi.Size(), fi.ModTime()})
+			}
+		}
+		w.mu.Unlock()
+	}
+	slices.SortFunc(old, func(a, b oldFile) int { // oldest first
+		return cmp.Or(a.modTime.Compare(b.modTime), strings.Compare(a.w.dir, b.w.dir), cmp.Compare(a.n, b.n))
+	})
+	deleted := 0
+	for _, f := range old {
+		if total <= s.maxTotalBytes {
+			break
+		}
+		f.w.mu.Lock()
+		if i := slices.Index(f.w.files, f.n); i >= 0 && f.n != f.w.state.File {
+			if err := os.Remove(f.w.dataPath(f.n)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				f.w.mu.Unlock()
+				return deleted, err
+			}
+			f.w.files = slices.Delete(f.w.files, i, i+1)
+			total -= f.size
+			deleted++
+		}
+		f.w.mu.Unlock()
+	}
+	return deleted, nil
 }
 
 // workerLog is one worker's files. Its mu is held for a whole batch (write, fsync,
