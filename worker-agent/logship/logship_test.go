@@ -39,6 +39,27 @@ type fakeConn struct {
 	hello *pb.LogHello
 }
 
+// newAckingCollector is a fake collector that welcomes every connection at seq 0 and
+// acknowledges every batch, which it passes on to the returned channel.
+func newAckingCollector(t *testing.T, opened bool) (*fakeCollector, chan *pb.LogBatch) {
+	t.Helper()
+	batches := make(chan *pb.LogBatch, 100)
+	f := newFakeCollector(t, opened, func(conn int, c *fakeConn) {
+		c.welcome(0)
+		for {
+			env, err := c.read()
+			if err != nil {
+				return
+			}
+			if b := env.GetBatch(); b != nil {
+				batches <- b
+				c.ack(b.GetSeq())
+			}
+		}
+	})
+	return f, batches
+}
+
 func newFakeCollector(t *testing.T, opened bool, script func(n int, c *fakeConn)) *fakeCollector {
 	t.Helper()
 	f := &fakeCollector{t: t, open: make(chan struct{}), script: script}
@@ -282,20 +303,7 @@ func TestWelcomeLastSeqSkipsWrittenBatches(t *testing.T) {
 // Records dropped while the collector was away are counted in the batches that follow.
 func TestDroppedCountIsReported(t *testing.T) {
 	t.Parallel()
-	batches := make(chan *pb.LogBatch, 100)
-	f := newFakeCollector(t, false, func(conn int, c *fakeConn) {
-		c.welcome(0)
-		for {
-			env, err := c.read()
-			if err != nil {
-				return
-			}
-			if b := env.GetBatch(); b != nil {
-				batches <- b
-				c.ack(b.GetSeq())
-			}
-		}
-	})
+	f, batches := newAckingCollector(t, false)
 	cfg := testConfig(f.url)
 	cfg.BufferBytes = 10 * len(record(0))
 	s, err := New(cfg)
@@ -461,20 +469,7 @@ func TestCloseFlushesWithoutWaitingOutTheBackoff(t *testing.T) {
 // record is reported in a batch of its own, and Close waits for its acknowledgement.
 func TestDropsWithNothingAfterThemAreReported(t *testing.T) {
 	t.Parallel()
-	batches := make(chan *pb.LogBatch, 100)
-	f := newFakeCollector(t, true, func(conn int, c *fakeConn) {
-		c.welcome(0)
-		for {
-			env, err := c.read()
-			if err != nil {
-				return
-			}
-			if b := env.GetBatch(); b != nil {
-				batches <- b
-				c.ack(b.GetSeq())
-			}
-		}
-	})
+	f, batches := newAckingCollector(t, true)
 	cfg := testConfig(f.url)
 	cfg.MaxRecordBytes = len(record(0))
 	s, err := New(cfg)
