@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -129,19 +130,7 @@ tasks: 50
 
 func TestTraceArrivals(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	trace := "# seconds,label\n0.0,a\n0.1,b\n0.2,a\n5,a\n"
-	if err := os.WriteFile(filepath.Join(dir, "trace.csv"), []byte(trace), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	scen := `{"name":"trace","workers":{"count":1,"max_labels":1,"slots":1},"labels":{"count":1},
-"load":{"kind":"fixed","value":"1s"},"run":{"kind":"fixed","value":"100ms"},"arrival":{"kind":"trace","file":"trace.csv"}}`
-	path := filepath.Join(dir, "s.json")
-	os.WriteFile(path, []byte(scen), 0o600)
-	sc, err := Load(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc, dir := traceScenario(t, 1, "# seconds,label\n0.0,a\n0.1,b\n0.2,a\n5,a\n")
 	r, err := Run(sc, "ours", 1, Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -160,18 +149,7 @@ func TestTraceArrivals(t *testing.T) {
 // started the load) waits for that load, as on a real worker: it does not run at once.
 func TestTaskOnALoadingCopyWaitsForTheLoad(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "trace.csv"), []byte("0.0,a\n0.1,a\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	scen := `{"name":"loading","workers":{"count":1,"max_labels":1,"slots":2},"labels":{"count":1},
-"load":{"kind":"fixed","value":"1s"},"run":{"kind":"fixed","value":"100ms"},"arrival":{"kind":"trace","file":"trace.csv"}}`
-	path := filepath.Join(dir, "s.json")
-	os.WriteFile(path, []byte(scen), 0o600)
-	sc, err := Load(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc, _ := traceScenario(t, 2, "0.0,a\n0.1,a\n")
 	for _, policy := range []string{"ours", "random"} {
 		r, err := Run(sc, policy, 1, Options{})
 		if err != nil {
@@ -235,4 +213,26 @@ func TestFleetTargets(t *testing.T) {
 		t.Fatalf("ours p99 %.1fs, %d misses; seed-greedy p99 %.1fs, %d misses; ray-like p99 %.1fs",
 			ours.P99Latency, ours.Misses, greedy.P99Latency, greedy.Misses, ray.P99Latency)
 	}
+}
+
+// traceScenario is one worker with one label at a time and the given slots, fixed
+// loads of 1 s and runs of 100 ms, and arrivals from trace; it returns the scenario and
+// the directory of its trace.csv.
+func traceScenario(t *testing.T, slots int, trace string) (Scenario, string) {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "trace.csv"), []byte(trace), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	scen := fmt.Sprintf(`{"name":"trace","workers":{"count":1,"max_labels":1,"slots":%d},"labels":{"count":1},
+"load":{"kind":"fixed","value":"1s"},"run":{"kind":"fixed","value":"100ms"},"arrival":{"kind":"trace","file":"trace.csv"}}`, slots)
+	path := filepath.Join(dir, "s.json")
+	if err := os.WriteFile(path, []byte(scen), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sc, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sc, dir
 }
