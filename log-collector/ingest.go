@@ -328,7 +328,7 @@ func (c *Collector) writeBatch(w *workerLog, ic *ingestConn, b *pb.LogBatch) (ui
 	data := c.batchLines(ic.worker, b, last, w.state.Dropped)
 	file := w.state.File
 	err := w.appendBatch(data, seq, b.GetDropped(), c.cfg.MaxFileBytes, c.cfg.MaxFiles)
-	rotated = w.state.File != file && c.cfg.MaxTotalBytes > 0
+	rotated = w.state.File != file // trimToBudget does nothing without MaxTotalBytes
 	if err != nil {
 		ic.log.Error().Err(err).Uint64("seq", seq).Msg("cannot write a log batch")
 		c.met.writeErrs.Inc()

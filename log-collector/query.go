@@ -216,7 +216,7 @@ func (s *store) query(q logQuery) (logsResponse, error) {
 		all = mergeByTime(all, ring)
 		all = keepLast(all, q, &truncated)
 	}
-	all = keepLast(all, q, &truncated)
+	// Within limit and maxBytes already: the scan kept one worker's, keepLast the merge.
 	resp := logsResponse{Records: make([]json.RawMessage, len(all)), Count: len(all), Truncated: truncated}
 	for i, m := range all {
 		resp.Records[i] = m.raw
