@@ -27,16 +27,17 @@ import (
 
 // Defaults filled in by WithDefaults.
 const (
-	DefaultAddr            = "127.0.0.1:8090"
-	DefaultDir             = "./logs"
-	DefaultMaxFileBytes    = 64 << 20
-	DefaultMaxFiles        = 10
-	DefaultMaxFrameBytes   = 16 << 20
-	DefaultHelloTimeout    = 10 * time.Second
-	DefaultWriteTimeout    = 10 * time.Second
-	DefaultReadTimeout     = 60 * time.Second
-	DefaultPingInterval    = 20 * time.Second
-	DefaultShutdownTimeout = 10 * time.Second
+	DefaultAddr             = "127.0.0.1:8090"
+	DefaultDir              = "./logs"
+	DefaultMaxFileBytes     = 64 << 20
+	DefaultMaxFiles         = 10
+	DefaultMaxFrameBytes    = 16 << 20
+	DefaultMaxActiveBatches = 16
+	DefaultHelloTimeout     = 10 * time.Second
+	DefaultWriteTimeout     = 10 * time.Second
+	DefaultReadTimeout      = 60 * time.Second
+	DefaultPingInterval     = 20 * time.Second
+	DefaultShutdownTimeout  = 10 * time.Second
 )
 
 // Config configures New. Each field's comment says what its zero value means.
@@ -57,6 +58,11 @@ type Config struct {
 	MaxTotalBytes int64
 	// MaxFrameBytes is the read limit of an ingest frame. Zero means 16 MiB.
 	MaxFrameBytes int
+	// MaxActiveBatches bounds the batches being read, decoded and written at once,
+	// across all streams. Each holds a few times its size in memory (the frame, its
+	// records decoded, the lines written); a stream whose next batch finds no slot
+	// free waits, and its agent's later batches wait in its own buffer. Zero means 16.
+	MaxActiveBatches int
 	// HelloTimeout bounds the wait for an agent's hello. Zero means 10s.
 	HelloTimeout time.Duration
 	// WriteTimeout is the deadline of every frame written to an agent. Zero means 10s.
@@ -90,6 +96,9 @@ type testHooks struct {
 	afterWrite func(worker string, seq uint64) error
 	// queryBytes, when above 0, replaces MaxQueryBytes.
 	queryBytes int
+	// batchWaits, when set, receives the worker id of each stream whose next batch
+	// has to wait for a slot (MaxActiveBatches), as it starts waiting.
+	batchWaits chan<- string
 }
 
 // WithDefaults returns a copy of c with zero values replaced by their defaults.
@@ -108,6 +117,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MaxFrameBytes == 0 {
 		c.MaxFrameBytes = DefaultMaxFrameBytes
+	}
+	if c.MaxActiveBatches == 0 {
+		c.MaxActiveBatches = DefaultMaxActiveBatches
 	}
 	for _, d := range []struct {
 		v   *time.Duration
@@ -138,6 +150,9 @@ func (c Config) validate() error {
 	}
 	if c.MaxFrameBytes < 1024 {
 		errs = append(errs, fmt.Errorf("MaxFrameBytes must be at least 1024, got %d", c.MaxFrameBytes))
+	}
+	if c.MaxActiveBatches < 1 {
+		errs = append(errs, fmt.Errorf("MaxActiveBatches (--max-active-batches) must be at least 1, got %d", c.MaxActiveBatches))
 	}
 	for _, f := range []struct {
 		name string
@@ -176,6 +191,11 @@ type Collector struct {
 	streams  map[*ingestConn]struct{}
 	stopping bool
 	handlers sync.WaitGroup // ingest handlers past the upgrade
+
+	// batchSlots holds a token for each batch being read, decoded and written
+	// (MaxActiveBatches): after a collector restart every agent resends its backlog at
+	// once, and without a bound their frames in hand together outgrow the memory limit.
+	batchSlots chan struct{}
 }
 
 type errorBody struct {
@@ -215,6 +235,7 @@ func New(cfg Config) (*Collector, error) {
 		log:          cfg.Logger.With().Str("component", "log_collector").Logger(),
 		store:        st,
 		streams:      map[*ingestConn]struct{}{},
+		batchSlots:   make(chan struct{}, cfg.MaxActiveBatches),
 		ingestTokens: tokens,
 		tls:          tlsCfg,
 	}

@@ -24,7 +24,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // running is a collector served by Run on a loopback port.
 type running struct {
-	t    *testing.T
+	t    testing.TB
 	c    *Collector
 	addr string
 	dir  string
@@ -33,7 +33,7 @@ type running struct {
 
 // startCollector runs a collector on cfg (Dir and Addr default to a temp dir and a
 // free port) until the test ends or stop is called.
-func startCollector(t *testing.T, cfg Config) *running {
+func startCollector(t testing.TB, cfg Config) *running {
 	t.Helper()
 	if cfg.Dir == "" {
 		cfg.Dir = t.TempDir()
@@ -90,11 +90,11 @@ func (r *running) get(path string) (int, []byte) {
 
 // agentConn is a hand-driven agent stream on a real WebSocket.
 type agentConn struct {
-	t  *testing.T
+	t  testing.TB
 	ws *websocket.Conn
 }
 
-func dialIngest(t *testing.T, url, worker string) (*agentConn, *http.Response, error) {
+func dialIngest(t testing.TB, url, worker string) (*agentConn, *http.Response, error) {
 	t.Helper()
 	h := http.Header{}
 	if worker != "" {
@@ -109,7 +109,7 @@ func dialIngest(t *testing.T, url, worker string) (*agentConn, *http.Response, e
 }
 
 // connect dials and says hello; it returns the welcome's last_seq.
-func connect(t *testing.T, url, worker, stream string) (*agentConn, uint64) {
+func connect(t testing.TB, url, worker, stream string) (*agentConn, uint64) {
 	t.Helper()
 	a, _, err := dialIngest(t, url, worker)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"sync"
 	"time"
@@ -250,23 +251,59 @@ func (c *Collector) serveStream(ic *ingestConn) error {
 	go ic.pinger(c.cfg.PingInterval)
 
 	for {
-		env, err := c.readFrame(ws)
-		if err != nil {
+		if err := c.serveBatch(w, ic, extend); err != nil {
 			return err
-		}
-		extend()
-		b := env.GetBatch()
-		if b == nil {
-			return badFrame("expected a batch, got %T", env.GetBody())
-		}
-		ack, err := c.writeBatch(w, ic, b)
-		if err != nil {
-			return err
-		}
-		if err := ic.write(&pb.LogEnvelope{Body: &pb.LogEnvelope_Ack{Ack: &pb.LogAck{Seq: ack}}}); err != nil {
-			return fmt.Errorf("send ack %d: %w", ack, err)
 		}
 	}
+}
+
+// errStreamClosed ends a stream that was closed (replaced, or the collector stopping)
+// while its next batch waited for a slot.
+var errStreamClosed = errors.New("stream closed while its batch waited for a slot")
+
+// serveBatch reads, writes and acknowledges the stream's next batch, holding one of
+// the collector's batch slots from the moment the frame starts until it is acknowledged.
+func (c *Collector) serveBatch(w *workerLog, ic *ingestConn, extend func()) error {
+	kind, r, err := ic.ws.NextReader() // returns once a frame starts: nothing held yet
+	if err != nil {
+		return err
+	}
+	select {
+	case c.batchSlots <- struct{}{}:
+	default:
+		c.met.batchWaits.Inc()
+		if h := c.cfg.hooks; h != nil && h.batchWaits != nil {
+			h.batchWaits <- ic.worker
+		}
+		select {
+		case c.batchSlots <- struct{}{}:
+		case <-ic.done:
+			return errStreamClosed
+		}
+		extend() // the wait was the collector's, not the agent's silence
+	}
+	defer func() { <-c.batchSlots }()
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return err
+	}
+	env, err := c.decodeMessage(kind, data)
+	if err != nil {
+		return err
+	}
+	extend()
+	b := env.GetBatch()
+	if b == nil {
+		return badFrame("expected a batch, got %T", env.GetBody())
+	}
+	ack, err := c.writeBatch(w, ic, b)
+	if err != nil {
+		return err
+	}
+	if err := ic.write(&pb.LogEnvelope{Body: &pb.LogEnvelope_Ack{Ack: &pb.LogAck{Seq: ack}}}); err != nil {
+		return fmt.Errorf("send ack %d: %w", ack, err)
+	}
+	return nil
 }
 
 func (ic *ingestConn) pinger(every time.Duration) {
@@ -290,6 +327,10 @@ func (c *Collector) readFrame(ws *websocket.Conn) (*pb.LogEnvelope, error) {
 	if err != nil {
 		return nil, err
 	}
+	return c.decodeMessage(kind, data)
+}
+
+func (c *Collector) decodeMessage(kind int, data []byte) (*pb.LogEnvelope, error) {
 	if kind != websocket.BinaryMessage {
 		return nil, badFrame("websocket message type %d, want binary", kind)
 	}

@@ -15,6 +15,7 @@ type metrics struct {
 	writeErrs  prometheus.Counter
 	// budgetDeletes counts files trimToBudget deleted.
 	budgetDeletes prometheus.Counter
+	batchWaits    prometheus.Counter
 }
 
 func newMetrics(c *Collector) *metrics {
@@ -29,11 +30,13 @@ func newMetrics(c *Collector) *metrics {
 		writeErrs:  counter("write_errors_total", "Batches that could not be written to disk; their stream is closed and the agent resends."),
 		budgetDeletes: counter("budget_deleted_files_total",
 			"Rotated-out log files deleted to keep all workers' files within --max-total-bytes."),
+		batchWaits: counter("batch_slot_waits_total",
+			"Batches that waited for one of the --max-active-batches slots; often rising means the collector is the bottleneck."),
 	}
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.batches, m.records, m.duplicates, m.writeErrs, m.budgetDeletes,
+		m.batches, m.records, m.duplicates, m.writeErrs, m.budgetDeletes, m.batchWaits,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "smartroute_collector_connected_streams",
 			Help: "Agent log streams connected now."}, func() float64 {
 			c.mu.Lock()

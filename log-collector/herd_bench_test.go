@@ -1,0 +1,78 @@
+package logcollector
+
+import (
+	"fmt"
+	"runtime"
+	rtmetrics "runtime/metrics"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	pb "github.com/smartroute/smartroute/proto/smartroutev1"
+)
+
+// BenchmarkHerdOfBacklogs is a collector restart as the fleet sees it: every agent
+// connects and sends a full batch (512 KiB, the shipper's default) at the same moment.
+// peak-heap-MiB is the largest live heap seen while the herd is written, with the
+// default batch slots and with no practical bound. Run with -benchtime=Nx, N small.
+//
+//	go test -run '^$' -bench HerdOfBacklogs -benchtime 3x ./log-collector
+func BenchmarkHerdOfBacklogs(b *testing.B) {
+	const agents = 128
+	record := `{"level":"info","msg":"` + strings.Repeat("x", 1000) + `"}`
+	batch := &pb.LogBatch{Seq: 1}
+	for len(batch.Records)*(len(record)+3) < 512<<10 {
+		batch.Records = append(batch.Records, []byte(record))
+	}
+	env := &pb.LogEnvelope{Body: &pb.LogEnvelope_Batch{Batch: batch}}
+	for _, slots := range []int{DefaultMaxActiveBatches, 1 << 20} {
+		b.Run(fmt.Sprintf("slots=%d", slots), func(b *testing.B) {
+			b.ReportAllocs()
+			var peak uint64
+			for range b.N {
+				r := startCollector(b, Config{MaxActiveBatches: slots})
+				conns := make([]*agentConn, agents)
+				for i := range conns {
+					conns[i], _ = connect(b, r.ingestURL(), fmt.Sprintf("w%d", i), "s")
+				}
+				runtime.GC()
+				stop := sampleHeap(&peak)
+				var wg sync.WaitGroup
+				for _, a := range conns {
+					wg.Go(func() {
+						a.send(env)
+						if e, err := a.read(); err != nil || e.GetAck() == nil {
+							b.Errorf("ack: %v %v", e, err)
+						}
+					})
+				}
+				wg.Wait()
+				stop()
+				r.stop()
+			}
+			b.ReportMetric(float64(peak)/(1<<20), "peak-heap-MiB")
+		})
+	}
+}
+
+// sampleHeap records the largest live heap into peak every millisecond until stop.
+func sampleHeap(peak *uint64) (stop func()) {
+	done, exited := make(chan struct{}), make(chan struct{})
+	s := []rtmetrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+	go func() {
+		defer close(exited)
+		t := time.NewTicker(time.Millisecond)
+		defer t.Stop()
+		for {
+			rtmetrics.Read(s)
+			*peak = max(*peak, s[0].Value.Uint64())
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() { close(done); <-exited }
+}
