@@ -179,6 +179,8 @@ func newObject(apiVersion, kind string) (any, bool) {
 		return &serviceMonitor{}, true
 	case "keda.sh/v1alpha1/ScaledObject":
 		return &scaledObject{}, true
+	case "monitoring.coreos.com/v1/PrometheusRule":
+		return &prometheusRule{}, true
 	}
 	return nil, false
 }
@@ -432,8 +434,9 @@ func TestChartDefaultValues(t *testing.T) {
 	if len(coll.Spec.VolumeClaimTemplates) != 1 {
 		t.Errorf("log collector has %d claim templates, want 1", len(coll.Spec.VolumeClaimTemplates))
 	}
-	if n := len(find[*serviceMonitor](r)) + len(find[*scaledObject](r)) + len(find[*autoscalingv2.HorizontalPodAutoscaler](r)) + len(find[*corev1.ConfigMap](r)); n != 0 {
-		t.Errorf("%d optional objects (ServiceMonitor, autoscaler, dashboard) rendered by default", n)
+	if n := len(find[*serviceMonitor](r)) + len(find[*scaledObject](r)) + len(find[*autoscalingv2.HorizontalPodAutoscaler](r)) +
+		len(find[*corev1.ConfigMap](r)) + len(find[*prometheusRule](r)); n != 0 {
+		t.Errorf("%d optional objects (ServiceMonitor, autoscaler, dashboard, alerts) rendered by default", n)
 	}
 }
 
@@ -504,6 +507,7 @@ func TestChartAllOn(t *testing.T) {
 		t.Errorf("auth secret = %v", sec.StringData)
 	}
 	checkDashboard(t, one[*corev1.ConfigMap](t, r, "sr-smartroute-dashboard"))
+	checkAlerts(t, one[*prometheusRule](t, r, "sr-smartroute"), true)
 }
 
 // The HPA flavour of autoscaling (the all-on values use KEDA).
@@ -735,4 +739,5 @@ smartroute_agent_run_duration_seconds smartroute_agent_tasks_total
 smartroute_agent_triton_errors_total smartroute_agent_log_records_dropped_total
 smartroute_collector_batches_total smartroute_collector_records_total
 smartroute_collector_duplicate_batches_total smartroute_collector_write_errors_total
-smartroute_collector_budget_deleted_files_total smartroute_collector_connected_streams`
+smartroute_collector_budget_deleted_files_total smartroute_collector_connected_streams
+smartroute_collector_batch_slot_waits_total`

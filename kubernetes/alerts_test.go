@@ -1,0 +1,131 @@
+package kubernetes
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/prometheus/common/model"
+	"github.com/prometheus/prometheus/promql/parser"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// prometheusRule holds the fields of monitoring.coreos.com/v1 PrometheusRule the chart
+// writes (see serviceMonitor for why not the operator's own type).
+type prometheusRule struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		Groups []struct {
+			Name  string `json:"name"`
+			Rules []struct {
+				Alert       string            `json:"alert"`
+				Expr        string            `json:"expr"`
+				For         string            `json:"for,omitempty"`
+				Labels      map[string]string `json:"labels"`
+				Annotations map[string]string `json:"annotations"`
+			} `json:"rules"`
+		} `json:"groups"`
+	} `json:"spec"`
+}
+
+// checkAlerts asserts every alert is one Prometheus loads: an expression that parses,
+// over metrics a component exports and this release's jobs only, a valid "for", a
+// severity, and annotations whose Prometheus templates survived Helm's.
+func checkAlerts(t *testing.T, pr *prometheusRule, collector bool) {
+	t.Helper()
+	if pr.Labels["release"] != "prometheus" {
+		t.Errorf("PrometheusRule labels %v lack the values' release: prometheus", pr.Labels)
+	}
+	known := map[string]bool{"up": true}
+	for _, m := range strings.Fields(exportedMetrics) {
+		known[m] = true
+	}
+	alerts := map[string]bool{}
+	for _, g := range pr.Spec.Groups {
+		for _, r := range g.Rules {
+			alerts[r.Alert] = true
+			expr, err := parser.NewParser(parser.Options{}).ParseExpr(r.Expr)
+			if err != nil {
+				t.Errorf("%s: expr does not parse: %v\n%s", r.Alert, err, r.Expr)
+				continue
+			}
+			parser.Inspect(expr, func(n parser.Node, _ []parser.Node) error {
+				vs, ok := n.(*parser.VectorSelector)
+				if !ok {
+					return nil
+				}
+				if !known[strings.TrimSuffix(vs.Name, "_bucket")] {
+					t.Errorf("%s queries %s, which no component exports", r.Alert, vs.Name)
+				}
+				// Only this release's series: another release in the cluster must not fire it.
+				var job, ns string
+				for _, m := range vs.LabelMatchers {
+					switch m.Name {
+					case "job":
+						job = m.Value
+					case "namespace":
+						ns = m.Value
+					}
+				}
+				if !strings.HasPrefix(job, "sr-smartroute-") || ns != "smartroute" {
+					t.Errorf("%s selects %s with job %q namespace %q, want this release's", r.Alert, vs, job, ns)
+				}
+				return nil
+			})
+			if r.For != "" {
+				if _, err := model.ParseDuration(r.For); err != nil {
+					t.Errorf("%s: for %q: %v", r.Alert, r.For, err)
+				}
+			}
+			if s := r.Labels["severity"]; s != "critical" && s != "warning" {
+				t.Errorf("%s: severity %q", r.Alert, s)
+			}
+			if r.Annotations["summary"] == "" || r.Annotations["description"] == "" {
+				t.Errorf("%s: annotations %v lack a summary or a description", r.Alert, r.Annotations)
+			}
+		}
+	}
+	for _, want := range []string{"SmartrouteDispatcherDown", "SmartrouteNoWorkersConnected", "SmartrouteTasksFailing",
+		"SmartrouteQueueWaitHigh", "SmartrouteLabelLoadsFailing"} {
+		if !alerts[want] {
+			t.Errorf("no alert %s in %v", want, alerts)
+		}
+	}
+	if alerts["SmartrouteLogCollectorWriteErrors"] != collector {
+		t.Errorf("log collector alerts present = %v, want %v (logCollector.enabled)", !collector, collector)
+	}
+}
+
+// The values' thresholds reach the expressions, and Prometheus' own template markers in
+// the annotations are left for Prometheus.
+func TestAlertThresholdsAndTemplates(t *testing.T) {
+	r := mustRender(t, map[string]any{"logCollector": map[string]any{"enabled": false},
+		"metrics": map[string]any{"prometheusRule": map[string]any{"queueWaitP95Seconds": 12.5}}}, allOnValues)
+	pr := one[*prometheusRule](t, r, "sr-smartroute")
+	checkAlerts(t, pr, false)
+	var exprs, notes strings.Builder
+	for _, g := range pr.Spec.Groups {
+		for _, rule := range g.Rules {
+			exprs.WriteString(rule.Expr + "\n")
+			notes.WriteString(rule.Annotations["description"] + "\n")
+		}
+	}
+	for _, want := range []string{"> 0.02", "> 12.5"} {
+		if !strings.Contains(exprs.String(), want) {
+			t.Errorf("no expression holds %q:\n%s", want, exprs.String())
+		}
+	}
+	if !strings.Contains(notes.String(), "{{ $value | humanizePercentage }}") || !strings.Contains(notes.String(), "{{ $labels.label }}") {
+		t.Errorf("descriptions lost Prometheus' templates:\n%s", notes.String())
+	}
+}
+
+// Alerts without the ServiceMonitor would select jobs that do not exist and never fire:
+// the chart refuses that with a message, rather than installing silent alerts.
+func TestAlertsNeedTheServiceMonitor(t *testing.T) {
+	_, err := render(t, map[string]any{"metrics": map[string]any{
+		"serviceMonitor": map[string]any{"enabled": false}, "prometheusRule": map[string]any{"enabled": true}}})
+	if err == nil || !strings.Contains(err.Error(), "needs metrics.serviceMonitor.enabled") {
+		t.Fatalf("render error = %v, want one naming metrics.serviceMonitor.enabled", err)
+	}
+}
