@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -81,5 +82,59 @@ func TestTotalBytesBoundKeepsCurrentFiles(t *testing.T) {
 	}
 	if n := testutil.ToFloat64(r2.c.met.budgetDeletes); n != 4 {
 		t.Errorf("budget_deleted_files_total = %v, want 4", n)
+	}
+}
+
+// A gone worker (no stream, nothing written for goneAfter) loses its current file too,
+// and with it its directory: a rollout's old pod names do not keep a file each for
+// good. A connected worker keeps its current file however old, and a gone worker that
+// comes back starts afresh.
+func TestTotalBytesBoundRemovesGoneWorkers(t *testing.T) {
+	t.Parallel()
+	const budget = 300
+	r := startCollector(t, Config{MaxFileBytes: 100, MaxFiles: 10, MaxTotalBytes: budget})
+	rec := func(i int) string { return fmt.Sprintf(`{"i":%d,"pad":"%s"}`, i, strings.Repeat("x", 20)) } // two a file
+	age := func(w string) {                                                                             // as if written before goneAfter
+		files, _ := filepath.Glob(filepath.Join(r.dir, w, "*.jsonl"))
+		for _, f := range files {
+			old := time.Now().Add(-goneAfter - time.Minute)
+			if err := os.Chtimes(f, old, old); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	idle, _ := connect(t, r.ingestURL(), "c-idle", "s0")
+	idle.batch(1, 0, rec(0))
+	gone, _ := connect(t, r.ingestURL(), "a-gone", "s1")
+	for i := 1; i <= 4; i++ {
+		gone.batch(uint64(i), 0, rec(i))
+	}
+	gone.ws.Close()
+	waitStreams(t, r.c.met, 1)
+	age("a-gone")
+	age("c-idle")
+	fresh, _ := connect(t, r.ingestURL(), "b-new", "s2")
+	for i := 1; i <= 8; i++ { // rotations trim: a-gone's files are the oldest
+		fresh.batch(uint64(i), 0, rec(100+i))
+	}
+	if _, err := os.Stat(filepath.Join(r.dir, "a-gone")); !os.IsNotExist(err) {
+		t.Errorf("a-gone's directory: %v, want it removed", err)
+	}
+	if code, _ := r.get("/logs?worker=a-gone"); code != 404 {
+		t.Errorf("GET /logs of the removed worker: %d, want 404", code)
+	}
+	if got := lines(t, r.dir, "c-idle"); len(got) != 1 {
+		t.Errorf("connected c-idle keeps %q, want its current file", got)
+	}
+	if code, body := r.get("/logs?limit=100"); code != 200 || strings.Contains(string(body), `"i":4,`) {
+		t.Errorf("GET /logs over all workers: %d %s", code, body)
+	}
+	back, last := connect(t, r.ingestURL(), "a-gone", "s1")
+	if last != 0 {
+		t.Errorf("a-gone back: welcome last_seq %d, want 0 (its state went with it)", last)
+	}
+	back.batch(5, 0, rec(5))
+	if got := lines(t, r.dir, "a-gone"); len(got) != 2 || got[1] != rec(5) {
+		t.Errorf("a-gone back writes %q, want a note of the missing batches and record 5", got)
 	}
 }

@@ -53,8 +53,8 @@ type Config struct {
 	// is deleted at rotation. Zero means 10.
 	MaxFiles int
 	// MaxTotalBytes bounds the files of all workers together: past it the oldest
-	// rotated-out files are deleted, whichever worker's they are (each worker's
-	// current file is kept). Zero means no bound beyond MaxFiles per worker.
+	// files are deleted, whichever worker's they are; a current file only once its
+	// worker is gone (store.trimToBudget). Zero means no bound beyond MaxFiles per worker.
 	MaxTotalBytes int64
 	// MaxFrameBytes is the read limit of an ingest frame. Zero means 16 MiB.
 	MaxFrameBytes int
@@ -367,10 +367,11 @@ func (c *Collector) shutdown(ctx context.Context) error {
 // trimToBudget keeps all workers' files within MaxTotalBytes (see store.trimToBudget).
 // Called at start and after each rotation, the only times the files grow by a file.
 func (c *Collector) trimToBudget() {
-	n, err := c.store.trimToBudget()
+	n, gone, err := c.store.trimToBudget()
 	if n > 0 {
 		c.met.budgetDeletes.Add(float64(n))
-		c.log.Info().Int("deleted_files", n).Int64("max_total_bytes", c.cfg.MaxTotalBytes).Msg("deleted the oldest log files to stay within the total bound")
+		c.log.Info().Int("deleted_files", n).Strs("removed_workers", gone).Int64("max_total_bytes", c.cfg.MaxTotalBytes).
+			Msg("deleted the oldest log files to stay within the total bound")
 	}
 	if err != nil {
 		c.log.Error().Err(err).Msg("cannot keep the log files within --max-total-bytes")

@@ -204,6 +204,14 @@ func (c *Collector) serveStream(ic *ingestConn) error {
 		return &streamError{code: websocket.CloseInternalServerErr, reason: "cannot open the worker's log files"}
 	}
 	w.mu.Lock()
+	for w.removed { // its directory was trimmed away since the lookup: start afresh
+		w.mu.Unlock()
+		c.store.forget(w)
+		if w, err = c.store.worker(ic.worker); err != nil {
+			return &streamError{code: websocket.CloseInternalServerErr, reason: "cannot open the worker's log files"}
+		}
+		w.mu.Lock()
+	}
 	// A new run of the agent starts its sequence numbers again; a stream this one
 	// replaced takes up where it stood.
 	w.state.switchStream(hello.GetStreamId())

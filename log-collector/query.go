@@ -182,6 +182,9 @@ func (s *store) query(q logQuery) (logsResponse, error) {
 			return logsResponse{}, err
 		}
 		if w == nil {
+			if q.worker == "" {
+				continue // a gone worker's directory, trimmed since it was listed
+			}
 			return logsResponse{}, fmt.Errorf("%w: %s", errUnknownWorker, id)
 		}
 		var recent []matchedRecord // the last matches in file order, oldest first

@@ -89,7 +89,7 @@ type store struct {
 	maxFiles     int
 
 	mu      sync.Mutex
-	workers map[string]*workerLog // opened once, never removed
+	workers map[string]*workerLog // opened once; removed only with their directory (trimToBudget)
 
 	// maxTotalBytes bounds all workers' files together (0: no bound); trimMu makes
 	// one trimToBudget run at a time.
@@ -104,21 +104,30 @@ func newStore(dir string, maxFileBytes int64, maxFiles int) (*store, error) {
 	return &store{dir: dir, maxFileBytes: maxFileBytes, maxFiles: maxFiles, workers: map[string]*workerLog{}}, nil
 }
 
-// trimToBudget deletes the oldest rotated-out data files, whichever worker's they are,
-// until the files of all workers fit maxTotalBytes, and returns how many it deleted.
-// MaxFiles bounds each worker, not the directory: worker ids are pod names, a rollout
-// brings a new set, and the files of workers long gone would fill the disk. A
-// worker's current file is never deleted: state.json points at it and a batch may be
-// going into it, so the bound can be exceeded by up to one file per worker.
-func (s *store) trimToBudget() (int, error) {
+// goneAfter is how long a worker without a stream must have written nothing before
+// trimToBudget may take its current file, and with it the worker's directory. Worker
+// ids are pod names: a worker replaced by a rollout never comes back, and its current
+// file would otherwise stay for good. The wait spares the workers of a collector that
+// has just restarted, which have not reconnected yet.
+const goneAfter = time.Hour
+
+// trimToBudget deletes the oldest data files, whichever worker's they are, until the
+// files of all workers fit maxTotalBytes, and returns how many it deleted. MaxFiles
+// bounds each worker, not the directory: worker ids are pod names, a rollout brings a
+// new set, and the files of workers long gone would fill the disk. Rotated-out files
+// go in the order they were last written. A current file goes in that order too, but
+// only a gone worker's (no stream, nothing written for goneAfter), and it takes the
+// worker's directory with it: state.json points at the file. Otherwise the bound can
+// be exceeded by up to one file per worker.
+func (s *store) trimToBudget() (deleted int, removed []string, err error) {
 	if s.maxTotalBytes <= 0 {
-		return 0, nil
+		return 0, nil, nil
 	}
 	s.trimMu.Lock()
 	defer s.trimMu.Unlock()
 	ids, err := s.workerIDs()
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	type oldFile struct {
 		w       *workerLog
@@ -128,19 +137,23 @@ func (s *store) trimToBudget() (int, error) {
 	}
 	var total int64
 	var old []oldFile
+	sizes := map[*workerLog]map[int]int64{} // what total counts, by worker and file
+	goneBefore := time.Now().Add(-goneAfter)
 	for _, id := range ids {
 		w, err := s.worker(id)
 		if err != nil {
-			return 0, err
+			return 0, nil, err
 		}
 		w.mu.Lock()
+		sizes[w] = map[int]int64{}
 		for _, n := range w.files {
 			fi, err := os.Stat(w.dataPath(n))
 			if err != nil {
 				continue // deleted meanwhile, or unreadable: not counted
 			}
 			total += fi.Size()
-			if n != w.state.File {
+			sizes[w][n] = fi.Size()
+			if n != w.state.File || w.owner == nil && fi.ModTime().Before(goneBefore) {
 				old = append(old, oldFile{w, n, fi.Size(), fi.ModTime()})
 			}
 		}
@@ -149,24 +162,50 @@ func (s *store) trimToBudget() (int, error) {
 	slices.SortFunc(old, func(a, b oldFile) int { // oldest first
 		return cmp.Or(a.modTime.Compare(b.modTime), strings.Compare(a.w.dir, b.w.dir), cmp.Compare(a.n, b.n))
 	})
-	deleted := 0
 	for _, f := range old {
 		if total <= s.maxTotalBytes {
 			break
 		}
 		f.w.mu.Lock()
-		if i := slices.Index(f.w.files, f.n); i >= 0 && f.n != f.w.state.File {
+		i, gone := slices.Index(f.w.files, f.n), false
+		switch {
+		case i < 0:
+		case f.n != f.w.state.File:
 			if err := os.Remove(f.w.dataPath(f.n)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				f.w.mu.Unlock()
-				return deleted, err
+				return deleted, removed, err
 			}
 			f.w.files = slices.Delete(f.w.files, i, i+1)
 			total -= f.size
 			deleted++
+		case f.w.owner == nil: // gone when listed, and no stream has come since
+			if err := os.RemoveAll(f.w.dir); err != nil {
+				f.w.mu.Unlock()
+				return deleted, removed, err
+			}
+			for _, n := range f.w.files {
+				total -= sizes[f.w][n]
+			}
+			deleted += len(f.w.files)
+			f.w.files, f.w.removed, gone = nil, true, true
 		}
 		f.w.mu.Unlock()
+		if gone {
+			s.forget(f.w)
+			removed = append(removed, f.w.id)
+		}
 	}
-	return deleted, nil
+	return deleted, removed, nil
+}
+
+// forget drops w, whose directory trimToBudget removed, so that the next use of its
+// id opens the worker afresh. w.removed is set under w.mu before.
+func (s *store) forget(w *workerLog) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.workers[w.id] == w {
+		delete(s.workers, w.id)
+	}
 }
 
 // workerLog is one worker's files. Its mu is held for a whole batch (write, fsync,
@@ -180,6 +219,9 @@ type workerLog struct {
 	files []int       // data files on disk, ascending; the last is state.File
 	file  *os.File    // state.File opened for appending; nil until the first write
 	owner *ingestConn // the connection streaming for this worker; the newest wins
+	// removed: trimToBudget deleted the directory of this gone worker. Whoever finds
+	// it set after taking mu lets it go (store.forget) and opens the worker again.
+	removed bool
 
 	// stateOnDisk: state.json exists. Until it does, a restart would take every byte
 	// in the files as acknowledged, so appendBatch writes it before the first batch.
