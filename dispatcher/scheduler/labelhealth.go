@@ -78,7 +78,10 @@ func (s *Scheduler) LoadFailed(workerID string, t *Task, loadError string) (*Out
 		return out, nil
 	}
 	s.enqueue(t, true)
-	s.place(t)
+	s.expireDue() // its deadline may have passed during the failed load
+	if t.state == stateQueued {
+		s.place(t)
+	}
 	s.fill(w)
 	s.offerFree()
 	return out, nil

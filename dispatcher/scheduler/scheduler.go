@@ -365,6 +365,8 @@ func (s *Scheduler) RemoveWorker(id string) (*Outcome, error) {
 		}
 		s.enqueue(t, true)
 	}
+	// A task whose deadline passed while it ran fails here rather than start again.
+	s.expireDue()
 	// Free workers had nothing queued they wanted; the requeued tasks, and tasks that
 	// waited for this worker's labels, may suit them now.
 	for _, t := range lost {
@@ -583,13 +585,16 @@ func (s *Scheduler) Requeue(workerID string, t *Task) (*Outcome, error) {
 		return out, nil
 	}
 	s.enqueue(t, true)
+	s.expireDue() // its deadline may have passed since it was assigned
 	// The refusing worker sits out this round: its refusal may have overtaken the
 	// status frame that says it stopped accepting.
 	if w.accepting {
 		s.setAccepting(w, false)
 		defer s.setAccepting(w, true)
 	}
-	s.place(t)
+	if t.state == stateQueued {
+		s.place(t)
+	}
 	s.offerFree()
 	return out, nil
 }
