@@ -316,9 +316,11 @@ func (d *Dispatcher) RunBackground(ctx context.Context) {
 	// heap makes a check cheap, and 20ms is well inside any useful deadline.
 	t := time.NewTicker(20 * time.Millisecond)
 	defer t.Stop()
-	// One pinger for all workers instead of a ticker and a goroutine per connection.
-	ping := time.NewTicker(d.cfg.PingInterval)
-	defer ping.Stop()
+	// Pings go on beside, not in this loop: a ping can wait out a stuck socket's
+	// write, and deadlines must not wait for it.
+	pingsDone := make(chan struct{})
+	go func() { d.pingWorkers(ctx); close(pingsDone) }()
+	defer func() { <-pingsDone }()
 	var sweep <-chan time.Time
 	if d.hub.journal != nil {
 		st := time.NewTicker(d.cfg.JournalSweepInterval)
@@ -333,12 +335,56 @@ func (d *Dispatcher) RunBackground(ctx context.Context) {
 			d.hub.sweepJournal()
 		case <-t.C:
 			d.hub.tick()
-		case <-ping.C:
-			for _, wc := range d.hub.connections() {
-				wc.ping()
-			}
 		}
 	}
+}
+
+// maxPingers bounds the pings being written at once.
+const maxPingers = 64
+
+// pingWorkers pings every connected worker each PingInterval until ctx ends: one
+// ticker for all of them rather than one per connection. A ping to a worker whose
+// socket has stopped draining can wait out the write timeout, so each ping has a
+// goroutine of its own (at most maxPingers at once, one per worker): done in turn,
+// a few such workers held every other worker's ping back past its pong deadline.
+func (d *Dispatcher) pingWorkers(ctx context.Context) {
+	tick := time.NewTicker(d.cfg.PingInterval)
+	defer tick.Stop()
+	slots := make(chan struct{}, maxPingers)
+	var pings sync.WaitGroup
+	defer pings.Wait()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		if !d.pingRound(ctx, slots, &pings) {
+			return
+		}
+	}
+}
+
+// pingRound starts a ping to every worker not still waiting on its last one. It
+// reports false when ctx ended first.
+func (d *Dispatcher) pingRound(ctx context.Context, slots chan struct{}, pings *sync.WaitGroup) bool {
+	for _, wc := range d.hub.connections() {
+		if !wc.pinging.CompareAndSwap(false, true) {
+			continue
+		}
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			wc.pinging.Store(false)
+			return false
+		}
+		pings.Go(func() {
+			wc.ping()
+			wc.pinging.Store(false)
+			<-slots
+		})
+	}
+	return true
 }
 
 // Run serves on cfg.Addr until ctx ends, then shuts down gracefully: it stops

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -63,6 +64,9 @@ type workerConn struct {
 	flushedCh    chan struct{} // closed when the flusher next finds the queue empty; made on demand
 	maxQueued    int
 	writeTimeout time.Duration
+
+	// pinging is set while a ping to it is being written (Dispatcher.pingWorkers).
+	pinging atomic.Bool
 
 	closeOnce sync.Once
 	closing   chan struct{} // closed by close
@@ -170,7 +174,9 @@ func (h *batchingHijacker) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 
 // ping sends a WebSocket ping; the reader's deadline, which pongs extend, notices a
 // worker that stopped answering. A ping that cannot be written within a second means
-// the connection is congested; the next one will try again.
+// the connection is congested; the next one will try again. It can wait longer: behind
+// a batch the flusher is writing to a socket that has stopped draining, up to the
+// batch's WriteTimeout.
 func (wc *workerConn) ping() {
 	if wc.isClosing() {
 		return
