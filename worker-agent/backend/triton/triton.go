@@ -3,7 +3,8 @@
 // model-control mode. A label is a model in Triton's repository.
 //
 // What it does, following ../../../../shared/TRITON.md:
-//   - WaitStarted waits for GET /v2/health/live; Inventory reads the repository index
+//   - WaitStarted waits for GET /v2/health/live, then for no model LOADING in the index
+//     (a load an earlier agent process left under way); Inventory reads the repository index
 //     (POST /v2/repository/index): every model listed is loadable, those READY are loaded.
 //   - Health is GET /v2/health/live (never /v2/health/ready, which is false while any
 //     model loads or unloads).
@@ -76,8 +77,8 @@ type Config struct {
 	// UnloadTimeout bounds one unload: the call plus the wait for the model to leave
 	// UNLOADING. Zero means 2m.
 	UnloadTimeout time.Duration
-	// StartTimeout bounds WaitStarted's wait for Triton to become live when the agent
-	// starts. Zero means 5m.
+	// StartTimeout bounds WaitStarted's wait for Triton to become live, and for loads
+	// found under way to end, when the agent starts. Zero means 5m.
 	StartTimeout time.Duration
 	// PollInterval is how often the index is read while waiting for an unload to end,
 	// and how often liveness is checked while waiting for Triton to start. Zero means
@@ -237,10 +238,33 @@ func New(cfg Config) (*Backend, error) {
 // Name returns "triton".
 func (b *Backend) Name() string { return Name }
 
-// WaitStarted waits until Triton is live, up to StartTimeout or until ctx ends.
+// WaitStarted waits until Triton is live and no model is LOADING, up to StartTimeout
+// or until ctx ends. A load found under way was left by a previous agent process
+// (Triton goes on loading after its client is gone); once done, the model holds
+// memory, so Inventory must see how it ended rather than leave it uncounted.
 func (b *Backend) WaitStarted(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.StartTimeout)
 	defer cancel()
+	if err := b.waitLive(ctx); err != nil {
+		return err
+	}
+	loading, err := b.awaitIndex(ctx, firstInState("LOADING"), func(loading string) {
+		b.log.Info().Str("label", loading).Msg("waiting for a load under way at start to end")
+	})
+	switch {
+	case err == nil:
+	case errors.Is(ctx.Err(), context.DeadlineExceeded) && loading != "":
+		return fmt.Errorf("triton at %s: model %q still LOADING after %s: %w", b.cfg.URL, loading, b.cfg.StartTimeout, err)
+	case ctx.Err() != nil:
+		return ctx.Err()
+	default: // Inventory reads the index again, and says what went wrong
+		b.log.Warn().Err(err).Msg("reading the index at start failed")
+	}
+	return nil
+}
+
+// waitLive waits until Triton is live or ctx ends.
+func (b *Backend) waitLive(ctx context.Context) error {
 	err := b.live(ctx)
 	if err == nil {
 		return nil
@@ -437,14 +461,7 @@ func (b *Backend) runLoad(ctx context.Context, label string, m *modelOps, c *loa
 // waitNoUnloading polls the index until no model is UNLOADING, so that a load never
 // goes into room an unload (ours that timed out, or anyone's) has not freed yet.
 func (b *Backend) waitNoUnloading(ctx context.Context, label string) error {
-	unloading, err := b.awaitIndex(ctx, func(entries []indexEntry) string {
-		for _, e := range entries {
-			if e.State == "UNLOADING" {
-				return e.Name
-			}
-		}
-		return ""
-	}, func(unloading string) {
+	unloading, err := b.awaitIndex(ctx, firstInState("UNLOADING"), func(unloading string) {
 		b.log.Info().Str("label", label).Str("unloading", unloading).Msg("waiting for an unload to end before loading")
 	})
 	switch {
@@ -454,6 +471,18 @@ func (b *Backend) waitNoUnloading(ctx context.Context, label string) error {
 		return fmt.Errorf("triton load %q: model %q still UNLOADING: %w", label, unloading, ctx.Err())
 	}
 	return fmt.Errorf("triton load %q: reading the index before loading: %w", label, err)
+}
+
+// firstInState returns an awaitIndex test that finds the first model in state.
+func firstInState(state string) func([]indexEntry) string {
+	return func(entries []indexEntry) string {
+		for _, e := range entries {
+			if e.State == state {
+				return e.Name
+			}
+		}
+		return ""
+	}
 }
 
 // awaitIndex reads the index, at once and then every PollInterval, until pending

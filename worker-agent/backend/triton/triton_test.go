@@ -409,6 +409,75 @@ func TestWaitStarted(t *testing.T) {
 	}
 }
 
+// A model still LOADING when the agent starts (its previous process was stopped or
+// killed while loading it; Triton goes on loading after the client is gone) ends up in
+// memory. Inventory must count it, so WaitStarted waits for the load to settle:
+// reported as not loaded, it held room the agent believed free, and the agent loaded
+// one model more than its capacity.
+func TestWaitStartedWaitsForALoadLeftUnderWay(t *testing.T) {
+	t.Parallel()
+	f := fake.New(fake.Config{Models: []string{"a", "b"}})
+	release := f.HoldLoads("a")
+	indexRead := make(chan struct{}, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v2/repository/index" {
+			select {
+			case indexRead <- struct{}{}:
+			default:
+			}
+		}
+		f.ServeHTTP(w, r)
+	}))
+	b, err := triton.New(triton.Config{URL: srv.URL, PollInterval: time.Millisecond, StartTimeout: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		f.Close()
+		b.CloseIdleConnections()
+		srv.Close()
+	})
+	// The previous agent's load, which nobody waits for any more.
+	events := f.Subscribe()
+	lctx, cancelLoad := context.WithCancel(t.Context())
+	loadDone := make(chan struct{})
+	go func() {
+		defer close(loadDone)
+		req, _ := http.NewRequestWithContext(lctx, http.MethodPost, srv.URL+"/v2/repository/models/a/load", nil)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			_ = resp.Body.Close()
+		}
+	}()
+	await(t, events, "load_start a")
+	cancelLoad()
+	<-loadDone
+	for len(indexRead) > 0 {
+		<-indexRead
+	}
+
+	done := make(chan error, 1)
+	go func() { done <- b.WaitStarted(t.Context()) }()
+	select {
+	case <-indexRead: // looking at the index: let the load finish
+		release()
+		err = errorOf(t, done)
+	case err = <-done: // returned without looking; the load is still under way
+	case <-time.After(waitLimit):
+		t.Fatal("WaitStarted neither returned nor read the index")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv, err := b.Inventory(t.Context())
+	release()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(inv.Loaded, []string{"a"}) {
+		t.Fatalf("Inventory.Loaded = %q, want a: the load under way at start holds room", inv.Loaded)
+	}
+}
+
 func TestConfigValidation(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {

@@ -15,7 +15,7 @@
 //	--triton-url       [TRITON_URL]       http://127.0.0.1:8000: Triton's HTTP endpoint (triton backend)
 //	--triton-load-timeout   [TRITON_LOAD_TIMEOUT]   10m: bound of one model load
 //	--triton-unload-timeout [TRITON_UNLOAD_TIMEOUT] 2m: bound of one unload, until the model leaves UNLOADING
-//	--triton-start-timeout  [TRITON_START_TIMEOUT]  5m: wait at start for Triton to be live, then exit 1
+//	--triton-start-timeout  [TRITON_START_TIMEOUT]  5m: wait at start for Triton to be live and no model LOADING, then exit 1
 //	--triton-text-input     [TRITON_TEXT_INPUT]     TEXT: BYTES input embed_texts fills
 //	--triton-embedding-output [TRITON_EMBEDDING_OUTPUT] sentence_embedding: FP32 output embed_texts returns
 //	--sim-load-time    [SIM_LOAD_TIME]    400ms: simulated load time
