@@ -80,6 +80,32 @@ type labelLease struct {
 
 func (l *labelLease) release() { l.m.unpin(l.label, l.e) }
 
+// lost gives back a lease on a label the backend no longer holds: Run said
+// backend.ErrNotLoaded (Triton restarted and could not load it again). Once no other
+// task runs on it, the label leaves the books as an eviction does, so that the
+// dispatcher stops sending its tasks here as hits; it is unloaded first, in case a
+// reload by another task put it back.
+func (l *labelLease) lost() {
+	m := l.m
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.entries[l.label] != l.e || l.e.pins == 0 {
+		return
+	}
+	l.e.pins--
+	if l.e.pins > 0 {
+		return // the last task on it settles it, this way or by releasing it
+	}
+	delete(m.entries, l.label)
+	m.recency.Remove(l.label)
+	m.unloading[l.label] = struct{}{}
+	m.loads.Add(1)
+	go func() {
+		defer m.loads.Done()
+		m.evict(l.label, "")
+	}()
+}
+
 func newLabelManager(ctx context.Context, b backend.Backend, capacity int, loadable []string, log zerolog.Logger, emit func(*pb.LabelEvent)) *labelManager {
 	recency, err := simplelru.NewLRU[string, struct{}](capacity, nil)
 	if err != nil {
@@ -309,20 +335,7 @@ func (m *labelManager) load(label string, e *labelEntry, victim string, task tas
 	defer m.loads.Done()
 	var unloadDur time.Duration
 	if victim != "" {
-		start := time.Now()
-		err := m.backend.Unload(m.ctx, victim)
-		unloadDur = time.Since(start)
-		if err != nil {
-			// The label is gone from our books either way; a real shortage of room
-			// shows up as a failed load below.
-			m.log.Error().Err(err).Str("label", victim).Msg("unload failed")
-		}
-		m.mu.Lock()
-		delete(m.unloading, victim)
-		m.emit(&pb.LabelEvent{Kind: pb.LabelEvent_KIND_EVICTED, Label: victim, DurationUs: unloadDur.Microseconds()})
-		m.broadcastLocked()
-		m.mu.Unlock()
-		m.log.Debug().Str("label", victim).Str("for_label", label).Float64("unload_ms", millis(unloadDur)).Msg("label evicted")
+		unloadDur = m.evict(victim, label)
 	}
 
 	m.mu.Lock()
@@ -357,6 +370,26 @@ func (m *labelManager) load(label string, e *labelEntry, victim string, task tas
 		ev = ev.Str("evicted_label", victim).Float64("unload_ms", millis(unloadDur))
 	}
 	ev.Float64("load_ms", millis(loadDur)).Msg("label miss")
+}
+
+// evict unloads label, which has left entries for unloading, and tells the dispatcher
+// it is gone. forLabel is the label whose load it makes room for, if any.
+func (m *labelManager) evict(label, forLabel string) time.Duration {
+	start := time.Now()
+	err := m.backend.Unload(m.ctx, label)
+	d := time.Since(start)
+	if err != nil {
+		// The label is gone from our books either way; a real shortage of room
+		// shows up as a failed load.
+		m.log.Error().Err(err).Str("label", label).Msg("unload failed")
+	}
+	m.mu.Lock()
+	delete(m.unloading, label)
+	m.emit(&pb.LabelEvent{Kind: pb.LabelEvent_KIND_EVICTED, Label: label, DurationUs: d.Microseconds()})
+	m.broadcastLocked()
+	m.mu.Unlock()
+	m.log.Debug().Str("label", label).Str("for_label", forLabel).Float64("unload_ms", millis(d)).Msg("label evicted")
+	return d
 }
 
 // loadError is a label load that failed; the task's result says so (load_failed), so

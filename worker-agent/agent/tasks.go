@@ -273,7 +273,14 @@ func (a *agent) runTask(ctx context.Context, s *session, asg *pb.TaskAssignment,
 		})
 		o.run = time.Since(start)
 		a.metrics.ran(o.run)
-		lease.release()
+		if err != nil && ctx.Err() == nil && errors.Is(err, backend.ErrNotLoaded) {
+			// The backend lost the label and could not load it again: the dispatcher
+			// runs the task where the label loads, and drops it from this worker.
+			lease.lost()
+			o.loadFailed = true
+		} else {
+			lease.release()
+		}
 		if err == nil && len(o.result) > a.cfg.MaxFrameSize-resultOverhead {
 			err = fmt.Errorf("result of %d bytes does not fit in a frame (limit %d)", len(o.result), a.cfg.MaxFrameSize)
 		}

@@ -3,6 +3,7 @@ package agent_test
 import (
 	"encoding/json"
 	"io"
+	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
@@ -355,5 +356,52 @@ func TestTritonFlags(t *testing.T) {
 	if d.Triton.URL != "http://127.0.0.1:8000" || d.Triton.LoadTimeout != 10*time.Minute ||
 		d.Triton.TextInput != "TEXT" || d.Triton.EmbeddingOutput != "sentence_embedding" {
 		t.Fatalf("defaults %+v", d.Triton)
+	}
+}
+
+// Triton lost a loaded model (it restarted) and cannot load it again. The label must
+// leave the agent's books and the dispatcher's view, and the task must say its label
+// failed to load: kept as held, the label drew every task for it to this worker as a
+// hit, and each failed there with a plain worker error, for good.
+func TestTritonLostModelThatWillNotLoadAgainIsDropped(t *testing.T) {
+	t.Parallel()
+	f := fake.New(fake.Config{Models: []string{"a"}})
+	h := setup(t, withTriton(t, f))
+	p := h.connect()
+	if r := runTyped(p, "t1", "infer", "a", inferParams); !r.GetOk() {
+		t.Fatalf("t1 %v", r)
+	}
+	// Triton restarts without a; a no longer loads (its GPU memory is taken, say).
+	f.FailLoads("a", "out of memory")
+	events := f.Subscribe()
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, h.cfg.Triton.URL+"/v2/repository/models/a/unload", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	awaitEvent(t, events, "unloaded a")
+
+	p.events = nil
+	r := runTyped(p, "t2", "infer", "a", inferParams)
+	if r.GetOk() || !r.GetLoadFailed() || !strings.Contains(r.GetError(), "out of memory") {
+		t.Fatalf("t2 %v, want load_failed with Triton's reason", r)
+	}
+	// The dispatcher hears that a is gone, after the result or before it.
+	for !slices.Contains(p.eventKinds(), "EVICTED a") {
+		env := p.read()
+		ev := env.GetLabelEvent()
+		if ev == nil {
+			t.Fatalf("got %v, want EVICTED a", env)
+		}
+		p.events = append(p.events, ev)
+	}
+	// The next task on a is a miss, not a hit on a label that is not there.
+	f.FailLoads("a", "")
+	if r := runTyped(p, "t3", "infer", "a", inferParams); !r.GetOk() || !r.GetLabelMiss() {
+		t.Fatalf("t3 %v, want ok after loading a again as a miss", r)
+	}
+	if err := h.stop(p); err != nil {
+		t.Fatalf("Run = %v", err)
 	}
 }

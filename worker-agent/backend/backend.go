@@ -58,5 +58,7 @@ type Starter interface {
 	WaitStarted(ctx context.Context) error
 }
 
-// ErrNotLoaded is returned by Run when the task's label is not loaded.
+// ErrNotLoaded is returned by Run when the task's label is not loaded (Triton lost the
+// model, in a restart, and could not load it again). The agent then drops the label,
+// as if evicted, and reports the task's label as failed to load.
 var ErrNotLoaded = errors.New("label not loaded")

@@ -634,7 +634,7 @@ func (b *Backend) infer(ctx context.Context, label string, body []byte) ([]byte,
 	}
 	b.log.Warn().Err(err).Str("label", label).Msg("triton lost a loaded model; loading it again")
 	if lerr := b.Load(ctx, label); lerr != nil {
-		return nil, fmt.Errorf("%w (loading it again failed: %w)", err, lerr)
+		return nil, fmt.Errorf("%w: %w (loading it again failed: %w)", backend.ErrNotLoaded, err, lerr)
 	}
 	return b.call(ctx, "infer", label, http.MethodPost, path, body)
 }
