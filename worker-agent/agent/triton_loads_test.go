@@ -67,9 +67,9 @@ func TestTritonNoLoadIntoRoomNotFreed(t *testing.T) {
 	}
 }
 
-// The backend reloads a model Triton lost under the task's context. A task whose
-// deadline passes during that reload abandons the load, Triton goes on loading, and
-// the next task's reload must not send a second load of the same model meanwhile.
+// The backend reloads a model Triton lost. A task whose deadline passes during that
+// reload stops waiting for it, Triton goes on loading, and the next task's reload must
+// not send a second load of the same model meanwhile.
 func TestTritonReloadAbandonedByADeadlineIsNotLoadedTwice(t *testing.T) {
 	t.Parallel()
 	f := fake.New(fake.Config{Models: []string{"m"}, Preload: []string{"m"}})

@@ -633,8 +633,18 @@ func (b *Backend) infer(ctx context.Context, label string, body []byte) ([]byte,
 		return nil, err
 	}
 	b.log.Warn().Err(err).Str("label", label).Msg("triton lost a loaded model; loading it again")
-	if lerr := b.Load(ctx, label); lerr != nil {
-		return nil, fmt.Errorf("%w: %w (loading it again failed: %w)", backend.ErrNotLoaded, err, lerr)
+	// The load goes on if the task gives up, as the agent's own loads do: the label is
+	// held in the agent's books, and a reload ended with each task whose deadline is
+	// shorter than the load would never finish.
+	reload := make(chan error, 1)
+	go func() { reload <- b.Load(context.WithoutCancel(ctx), label) }()
+	select {
+	case lerr := <-reload:
+		if lerr != nil {
+			return nil, fmt.Errorf("%w: %w (loading it again failed: %w)", backend.ErrNotLoaded, err, lerr)
+		}
+	case <-ctx.Done():
+		return nil, ctx.Err()
 	}
 	return b.call(ctx, "infer", label, http.MethodPost, path, body)
 }

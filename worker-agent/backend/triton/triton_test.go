@@ -526,3 +526,49 @@ func TestRunReloadsAModelTritonLost(t *testing.T) {
 		t.Fatal("Run on a model never loaded succeeded")
 	}
 }
+
+// The load that brings back a model Triton lost goes on when the task that started
+// it gives up. Cancelled with it (and unloaded again), it never finished while every
+// task on the label had a deadline shorter than the load: the label stayed held in
+// the agent's books and each of its tasks failed there.
+func TestReloadOutlivesTheTaskThatStartedIt(t *testing.T) {
+	t.Parallel()
+	x := setup(t, fake.Config{Models: []string{"m"}}, nil)
+	if err := x.b.Load(t.Context(), "m"); err != nil {
+		t.Fatal(err)
+	}
+	events := x.fake.Subscribe()
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, x.srv.URL+"/v2/repository/models/m/unload", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	await(t, events, "unloaded m")
+
+	release := x.fake.HoldLoads("m")
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	params := []byte(`{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1]}]}`)
+	go func() {
+		_, err := x.b.Run(ctx, backend.Task{Type: triton.TaskInfer, Label: "m", Params: params})
+		done <- err
+	}()
+	await(t, events, "load_start m")
+	cancel() // the task's deadline passed
+	if err := errorOf(t, done); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run = %v, want context.Canceled", err)
+	}
+	release()
+	// Once any load of m under way has ended, m is loaded and was loaded once more,
+	// not loaded, unloaded and loaded again.
+	if err := x.b.Load(t.Context(), "m"); err != nil {
+		t.Fatal(err)
+	}
+	if n := x.fake.Loads("m"); n != 2 {
+		t.Errorf("m loaded %d times, want 2 (the reload was abandoned with its task)", n)
+	}
+	if _, err := x.b.Run(t.Context(), backend.Task{Type: triton.TaskInfer, Label: "m", Params: params}); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+}
