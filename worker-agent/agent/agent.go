@@ -609,6 +609,12 @@ func (a *agent) checkHealth() {
 	if err != nil {
 		reason = "backend unavailable: " + err.Error()
 	}
+	a.setAvailable(available, reason)
+}
+
+// setAvailable records whether the backend can take tasks and reports a change to the
+// dispatcher.
+func (a *agent) setAvailable(available bool, reason string) {
 	a.mu.Lock()
 	changed := available != a.available
 	a.available, a.unavailableReason = available, reason

@@ -347,11 +347,18 @@ func (m *labelManager) load(label string, e *labelEntry, victim string, task tas
 	m.metrics.labelLoaded(label, err, loadDur)
 
 	m.mu.Lock()
-	if err != nil {
+	switch {
+	case errors.Is(err, backend.ErrUnavailable):
+		// The load never reached the backend: not the label's failure (the dispatcher
+		// counts those against it everywhere), only a label this worker does not hold.
+		e.err = &loadError{label: label, err: err}
+		delete(m.entries, label)
+		m.emit(&pb.LabelEvent{Kind: pb.LabelEvent_KIND_EVICTED, Label: label})
+	case err != nil:
 		e.err = &loadError{label: label, err: err}
 		delete(m.entries, label)
 		m.emit(&pb.LabelEvent{Kind: pb.LabelEvent_KIND_LOAD_FAILED, Label: label, Error: frameText(err.Error()), DurationUs: loadDur.Microseconds()})
-	} else {
+	default:
 		e.loaded = true
 		m.recency.Add(label, struct{}{})
 		m.emit(&pb.LabelEvent{Kind: pb.LabelEvent_KIND_LOADED, Label: label, DurationUs: loadDur.Microseconds()})

@@ -285,10 +285,16 @@ func (a *agent) runTask(ctx context.Context, s *session, asg *pb.TaskAssignment,
 			err = fmt.Errorf("result of %d bytes does not fit in a frame (limit %d)", len(o.result), a.cfg.MaxFrameSize)
 		}
 	}
-	if err != nil && ctx.Err() != nil {
+	switch {
+	case err != nil && ctx.Err() != nil:
 		// The task's context ended: say why rather than how the backend noticed.
 		err = a.cancelCause(ctx, key)
 		o.discard = errors.Is(err, errShutdown)
+	case errors.Is(err, backend.ErrUnavailable) && !errors.Is(err, backend.ErrNotLoaded):
+		// Nothing reached the backend: the attempt never started, and the worker
+		// takes no task until the health check finds the backend back.
+		a.setAvailable(false, err.Error()) // it says "backend unavailable"
+		o.refused, o.loadFailed = true, false
 	}
 	o.err = err
 	// Free the slot before the result goes out: a dispatcher may send the next task

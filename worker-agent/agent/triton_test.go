@@ -405,3 +405,51 @@ func TestTritonLostModelThatWillNotLoadAgainIsDropped(t *testing.T) {
 		t.Fatalf("Run = %v", err)
 	}
 }
+
+// Triton goes away between two health checks: the agent's connections to it are
+// refused. A task then never reached Triton: it is refused (the dispatcher runs it
+// elsewhere) rather than failed with a worker error, a load is not blamed on its label
+// (three LOAD_FAILED events in a minute mark a label failing on every worker and fail
+// its queued tasks), and the worker stops taking tasks at once, not at the next check.
+func TestTritonRefusingConnectionsRefusesTasks(t *testing.T) {
+	t.Parallel()
+	for _, label := range []string{"a", "b"} { // held, and one to load
+		t.Run("label-"+label, func(t *testing.T) {
+			t.Parallel()
+			f := fake.New(fake.Config{Models: []string{"a", "b"}})
+			srv := httptest.NewServer(f)
+			t.Cleanup(f.Close)
+			h := setup(t, func(h *harness) {
+				h.cfg.BackendName = triton.Name
+				// A fresh connection per call: a kept-alive one that Triton's end dropped
+				// fails after the request was written, which says nothing sure.
+				client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+				h.cfg.Triton = triton.Config{URL: srv.URL, PollInterval: time.Millisecond, Client: client}
+				h.cfg.HealthInterval = time.Hour // the next check is far away
+			})
+			p := h.connect()
+			if r := runTyped(p, "t1", "infer", "a", inferParams); !r.GetOk() {
+				t.Fatalf("t1 %v", r)
+			}
+			srv.Close() // Triton's process is gone: connections are refused
+			p.events = nil
+			r := runTyped(p, "t2", "infer", label, inferParams)
+			if r.GetOk() || !r.GetRefused() || r.GetLoadFailed() {
+				t.Fatalf("t2 %v, want refused", r)
+			}
+			if slices.ContainsFunc(p.events, func(ev *pb.LabelEvent) bool { return ev.GetKind() == pb.LabelEvent_KIND_LOAD_FAILED }) {
+				t.Errorf("events %q: a load that never reached Triton is counted against its label", p.eventKinds())
+			}
+			// Said before the result, so that the dispatcher does not send the task back.
+			if !slices.ContainsFunc(p.statuses, func(st *pb.WorkerStatus) bool { return !st.GetAccepting() }) {
+				t.Errorf("statuses %v before t2's result, want not accepting", p.statuses)
+			}
+			if r := runTyped(p, "t3", "infer", "a", inferParams); !r.GetRefused() {
+				t.Fatalf("t3 %v, want refused while Triton is away", r)
+			}
+			if err := h.stop(p); err != nil {
+				t.Fatalf("Run = %v", err)
+			}
+		})
+	}
+}

@@ -58,6 +58,13 @@ type Starter interface {
 	WaitStarted(ctx context.Context) error
 }
 
+// ErrUnavailable is wrapped by the error of a Load or Run that never reached the
+// backend (its connection was refused: the server is down or restarting), so that
+// nothing was loaded or run. The agent refuses the attempt, for the dispatcher to run
+// elsewhere, stops taking tasks until Health says otherwise, and does not count the
+// load as the label's failure.
+var ErrUnavailable = errors.New("backend unavailable")
+
 // ErrNotLoaded is returned by Run when the task's label is not loaded (Triton lost the
 // model, in a restart, and could not load it again). The agent then drops the label,
 // as if evicted, and reports the task's label as failed to load.

@@ -31,6 +31,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"slices"
@@ -425,7 +426,8 @@ func (b *Backend) runLoad(ctx context.Context, label string, m *modelOps, c *loa
 		if err = b.waitNoUnloading(ctx, label); err == nil {
 			err = b.load(ctx, label)
 			var te *Error
-			noAnswer := errors.As(err, &te) && te.StatusCode == 0
+			// A refused connection sent nothing: there is nothing to clean up.
+			noAnswer := errors.As(err, &te) && te.StatusCode == 0 && !errors.Is(err, backend.ErrUnavailable)
 			if err != nil && (ctx.Err() != nil || noAnswer) {
 				// Triton goes on loading after the client gives up (timed out, or every
 				// caller gave up) or loses the answer (a dropped connection); unload,
@@ -788,6 +790,10 @@ func (b *Backend) call(ctx context.Context, op, model, method, path string, body
 	}
 	resp, err := b.client.Do(req)
 	if err != nil {
+		var dial *net.OpError
+		if errors.As(err, &dial) && dial.Op == "dial" { // nothing was sent
+			err = fmt.Errorf("%w: %w", backend.ErrUnavailable, err)
+		}
 		return nil, &Error{Op: op, Model: model, Err: err}
 	}
 	defer resp.Body.Close()
