@@ -1,7 +1,6 @@
 package agent_test
 
 import (
-	"net/http"
 	"slices"
 	"testing"
 	"time"
@@ -79,14 +78,7 @@ func TestTritonReloadAbandonedByADeadlineIsNotLoadedTwice(t *testing.T) {
 		t.Fatalf("result %v", r)
 	}
 	// Triton loses m (restarted empty, or an operator unloaded it).
-	events := f.Subscribe()
-	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, h.cfg.Triton.URL+"/v2/repository/models/m/unload", nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	awaitEvent(t, events, "unloaded m")
+	events := unloadBehindTheAgentsBack(t, h, f, "m")
 	release := f.HoldLoads("m")
 	defer release()
 	p.assign(&pb.TaskAssignment{TaskId: "t1", TaskType: "infer", Label: "m", ParametersJson: []byte(inferParams),

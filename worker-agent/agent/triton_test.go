@@ -359,6 +359,21 @@ func TestTritonFlags(t *testing.T) {
 	}
 }
 
+// unloadBehindTheAgentsBack makes Triton lose label, as a restart does, and returns
+// the fake's events from then on.
+func unloadBehindTheAgentsBack(t *testing.T, h *harness, f *fake.Server, label string) <-chan string {
+	t.Helper()
+	events := f.Subscribe()
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, h.cfg.Triton.URL+"/v2/repository/models/"+label+"/unload", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	awaitEvent(t, events, "unloaded "+label)
+	return events
+}
+
 // Triton lost a loaded model (it restarted) and cannot load it again. The label must
 // leave the agent's books and the dispatcher's view, and the task must say its label
 // failed to load: kept as held, the label drew every task for it to this worker as a
@@ -373,14 +388,7 @@ func TestTritonLostModelThatWillNotLoadAgainIsDropped(t *testing.T) {
 	}
 	// Triton restarts without a; a no longer loads (its GPU memory is taken, say).
 	f.FailLoads("a", "out of memory")
-	events := f.Subscribe()
-	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, h.cfg.Triton.URL+"/v2/repository/models/a/unload", nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = resp.Body.Close()
-	awaitEvent(t, events, "unloaded a")
+	unloadBehindTheAgentsBack(t, h, f, "a")
 
 	p.events = nil
 	r := runTyped(p, "t2", "infer", "a", inferParams)

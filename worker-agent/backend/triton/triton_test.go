@@ -32,8 +32,17 @@ type bundle struct {
 // setup serves a fake Triton holding models and returns a backend pointed at it.
 func setup(t *testing.T, fcfg fake.Config, tune func(*triton.Config)) *bundle {
 	t.Helper()
-	f := fake.New(fcfg)
-	srv := httptest.NewServer(f)
+	return serve(t, fake.New(fcfg), nil, tune)
+}
+
+// serve serves f, through wrap when set, and returns a backend pointed at it.
+func serve(t *testing.T, f *fake.Server, wrap func(http.Handler) http.Handler, tune func(*triton.Config)) *bundle {
+	t.Helper()
+	var h http.Handler = f
+	if wrap != nil {
+		h = wrap(f)
+	}
+	srv := httptest.NewServer(h)
 	cfg := triton.Config{URL: srv.URL, PollInterval: time.Millisecond}
 	if tune != nil {
 		tune(&cfg)
@@ -419,24 +428,18 @@ func TestWaitStartedWaitsForALoadLeftUnderWay(t *testing.T) {
 	f := fake.New(fake.Config{Models: []string{"a", "b"}})
 	release := f.HoldLoads("a")
 	indexRead := make(chan struct{}, 1)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/v2/repository/index" {
-			select {
-			case indexRead <- struct{}{}:
-			default:
+	x := serve(t, f, func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/v2/repository/index" {
+				select {
+				case indexRead <- struct{}{}:
+				default:
+				}
 			}
-		}
-		f.ServeHTTP(w, r)
-	}))
-	b, err := triton.New(triton.Config{URL: srv.URL, PollInterval: time.Millisecond, StartTimeout: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		f.Close()
-		b.CloseIdleConnections()
-		srv.Close()
-	})
+			next.ServeHTTP(w, r)
+		})
+	}, func(c *triton.Config) { c.StartTimeout = time.Hour })
+	b, srv := x.b, x.srv
 	// The previous agent's load, which nobody waits for any more.
 	events := f.Subscribe()
 	lctx, cancelLoad := context.WithCancel(t.Context())
@@ -457,6 +460,7 @@ func TestWaitStartedWaitsForALoadLeftUnderWay(t *testing.T) {
 
 	done := make(chan error, 1)
 	go func() { done <- b.WaitStarted(t.Context()) }()
+	var err error
 	select {
 	case <-indexRead: // looking at the index: let the load finish
 		release()
@@ -499,13 +503,18 @@ func TestConfigValidation(t *testing.T) {
 	}
 }
 
-func TestRunReloadsAModelTritonLost(t *testing.T) {
-	t.Parallel()
+// params is an infer request the fake answers.
+var params = []byte(`{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1]}]}`)
+
+// lostModel returns a backend that loaded model m, which Triton then lost: someone
+// unloaded it behind the backend's back, or Triton restarted empty. The events are
+// the fake's from the loss on.
+func lostModel(t *testing.T) (*bundle, <-chan string) {
+	t.Helper()
 	x := setup(t, fake.Config{Models: []string{"m"}}, nil)
 	if err := x.b.Load(t.Context(), "m"); err != nil {
 		t.Fatal(err)
 	}
-	// Someone unloads m behind the backend's back (or Triton restarted empty).
 	events := x.fake.Subscribe()
 	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, x.srv.URL+"/v2/repository/models/m/unload", nil)
 	resp, err := http.DefaultClient.Do(req)
@@ -514,7 +523,12 @@ func TestRunReloadsAModelTritonLost(t *testing.T) {
 	}
 	resp.Body.Close()
 	await(t, events, "unloaded m")
-	params := []byte(`{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1]}]}`)
+	return x, events
+}
+
+func TestRunReloadsAModelTritonLost(t *testing.T) {
+	t.Parallel()
+	x, _ := lostModel(t)
 	if _, err := x.b.Run(t.Context(), backend.Task{Type: triton.TaskInfer, Label: "m", Params: params}); err != nil {
 		t.Fatalf("Run after Triton lost the model = %v, want it loaded again", err)
 	}
@@ -533,23 +547,10 @@ func TestRunReloadsAModelTritonLost(t *testing.T) {
 // the agent's books and each of its tasks failed there.
 func TestReloadOutlivesTheTaskThatStartedIt(t *testing.T) {
 	t.Parallel()
-	x := setup(t, fake.Config{Models: []string{"m"}}, nil)
-	if err := x.b.Load(t.Context(), "m"); err != nil {
-		t.Fatal(err)
-	}
-	events := x.fake.Subscribe()
-	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, x.srv.URL+"/v2/repository/models/m/unload", nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	await(t, events, "unloaded m")
-
+	x, events := lostModel(t)
 	release := x.fake.HoldLoads("m")
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
-	params := []byte(`{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1]}]}`)
 	go func() {
 		_, err := x.b.Run(ctx, backend.Task{Type: triton.TaskInfer, Label: "m", Params: params})
 		done <- err
