@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
 
+	"github.com/smartroute/smartroute/proto/frame"
 	pb "github.com/smartroute/smartroute/proto/smartroutev1"
 )
 
@@ -342,24 +343,20 @@ func (d *Dispatcher) RunBackground(ctx context.Context) {
 // maxPingers bounds the pings being written at once.
 const maxPingers = 64
 
-// pingWorkers pings every connected worker each PingInterval until ctx ends: one
-// ticker for all of them rather than one per connection. A ping to a worker whose
-// socket has stopped draining can wait out the write timeout, so each ping has a
-// goroutine of its own (at most maxPingers at once, one per worker): done in turn,
-// a few such workers held every other worker's ping back past its pong deadline.
+// pingWorkers pings every connected worker each PingInterval until ctx ends (see
+// frame.Pinger for why each ping has a goroutine of its own).
 func (d *Dispatcher) pingWorkers(ctx context.Context) {
 	tick := time.NewTicker(d.cfg.PingInterval)
 	defer tick.Stop()
-	slots := make(chan struct{}, maxPingers)
-	var pings sync.WaitGroup
-	defer pings.Wait()
+	p := frame.NewPinger(maxPingers)
+	defer p.Wait()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
 		}
-		if !d.pingRound(ctx, slots, &pings) {
+		if !d.pingRound(ctx, p) {
 			return
 		}
 	}
@@ -367,22 +364,11 @@ func (d *Dispatcher) pingWorkers(ctx context.Context) {
 
 // pingRound starts a ping to every worker not still waiting on its last one. It
 // reports false when ctx ended first.
-func (d *Dispatcher) pingRound(ctx context.Context, slots chan struct{}, pings *sync.WaitGroup) bool {
+func (d *Dispatcher) pingRound(ctx context.Context, p *frame.Pinger) bool {
 	for _, wc := range d.hub.connections() {
-		if !wc.pinging.CompareAndSwap(false, true) {
-			continue
-		}
-		select {
-		case slots <- struct{}{}:
-		case <-ctx.Done():
-			wc.pinging.Store(false)
+		if !p.Go(ctx, &wc.pinging, wc.ping) {
 			return false
 		}
-		pings.Go(func() {
-			wc.ping()
-			wc.pinging.Store(false)
-			<-slots
-		})
 	}
 	return true
 }

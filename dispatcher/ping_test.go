@@ -2,9 +2,10 @@ package dispatcher
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/smartroute/smartroute/proto/frame"
 )
 
 // A worker whose socket has stopped draining holds up its own ping only: a round of
@@ -46,8 +47,7 @@ func TestStuckWorkerDoesNotHoldUpOtherPings(t *testing.T) {
 		}
 	}
 
-	slots := make(chan struct{}, maxPingers)
-	var pings sync.WaitGroup
+	p := frame.NewPinger(maxPingers)
 	// A ping written while the flusher still gathers its batch joins the batch and
 	// returns; once the batch's write is under way, a ping waits for it. Rounds go on
 	// until the stuck worker's ping is outstanding.
@@ -56,7 +56,7 @@ func TestStuckWorkerDoesNotHoldUpOtherPings(t *testing.T) {
 			t.Fatal("the stuck worker's ping never stuck")
 		}
 		round := make(chan bool, 1)
-		go func() { round <- b.d.pingRound(context.Background(), slots, &pings) }()
+		go func() { round <- b.d.pingRound(context.Background(), p) }()
 		select {
 		case ok := <-round:
 			if !ok {
@@ -70,20 +70,20 @@ func TestStuckWorkerDoesNotHoldUpOtherPings(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatal("the healthy worker was not pinged")
 		}
-		for deadline := time.Now().Add(10 * time.Second); len(slots) > 1 || len(slots) == 1 && !wc.pinging.Load(); time.Sleep(time.Millisecond) {
+		for deadline := time.Now().Add(10 * time.Second); p.InFlight() > 1 || p.InFlight() == 1 && !wc.pinging.Load(); time.Sleep(time.Millisecond) {
 			if time.Now().After(deadline) {
-				t.Fatalf("%d pings still outstanding", len(slots))
+				t.Fatalf("%d pings still outstanding", p.InFlight())
 			}
 		}
 	}
 	// Another round does not pile a second ping onto the stuck worker.
-	b.d.pingRound(context.Background(), slots, &pings)
+	b.d.pingRound(context.Background(), p)
 	<-pinged
-	for deadline := time.Now().Add(10 * time.Second); len(slots) != 1; time.Sleep(time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); p.InFlight() != 1; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d pings outstanding after another round, want the stuck worker's one", len(slots))
+			t.Fatalf("%d pings outstanding after another round, want the stuck worker's one", p.InFlight())
 		}
 	}
 	stuck.ws.Close() // the write fails, and the ping with it
-	pings.Wait()
+	p.Wait()
 }
