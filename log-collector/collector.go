@@ -245,7 +245,8 @@ func New(cfg Config) (*Collector, error) {
 	return c, nil
 }
 
-// Handler is the collector's HTTP handler, for tests and embedding; call Close when done.
+// Handler is the collector's HTTP handler, for tests and embedding; call Close when
+// done. Only Run pings the streams; served this way, they live on the agents' pings.
 func (c *Collector) Handler() http.Handler { return c.echo }
 
 func (c *Collector) routes() *echo.Echo {
@@ -309,6 +310,10 @@ func (c *Collector) Run(ctx context.Context, ready chan<- net.Addr) error {
 	srv := &http.Server{Handler: c.echo, ReadHeaderTimeout: 10 * time.Second}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
+	pingCtx, stopPings := context.WithCancel(context.Background())
+	pingsDone := make(chan struct{})
+	go func() { c.pingStreams(pingCtx); close(pingsDone) }()
+	defer func() { stopPings(); <-pingsDone }() // after the streams closed: no ping waits
 	c.log.Info().Str("addr", ln.Addr().String()).Str("dir", c.cfg.Dir).Int64("max_file_bytes", c.cfg.MaxFileBytes).
 		Int("max_files", c.cfg.MaxFiles).Bool("tls", c.tls != nil).Bool("ingest_auth", c.ingestTokens != nil).Msg("log collector listening")
 	if ready != nil {

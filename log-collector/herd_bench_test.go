@@ -76,3 +76,28 @@ func sampleHeap(peak *uint64) (stop func()) {
 	}()
 	return func() { close(done); <-exited }
 }
+
+// BenchmarkIdleStreams measures what connected, idle agent streams cost: heap and
+// goroutine stacks per stream, after a GC. The agents' ends are in this process too,
+// so the figures hold both sides of each connection.
+//
+//	go test -run '^$' -bench IdleStreams -benchtime 1x ./log-collector
+func BenchmarkIdleStreams(b *testing.B) {
+	const streams = 2000
+	for range b.N {
+		r := startCollector(b, Config{})
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		g := runtime.NumGoroutine()
+		for i := range streams {
+			connect(b, r.ingestURL(), fmt.Sprintf("w%d", i), "s")
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(after.HeapInuse-before.HeapInuse)/streams, "heap-B/stream")
+		b.ReportMetric(float64(after.StackInuse-before.StackInuse)/streams, "stack-B/stream")
+		b.ReportMetric(float64(runtime.NumGoroutine()-g)/streams, "goroutines/stream")
+		r.stop()
+	}
+}

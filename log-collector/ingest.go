@@ -2,18 +2,19 @@ package logcollector
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
 	"github.com/gorilla/websocket"
 	"github.com/labstack/echo/v4"
-	"github.com/rs/zerolog"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/smartroute/smartroute/proto/credential"
@@ -23,7 +24,10 @@ import (
 
 var upgrader = websocket.Upgrader{
 	HandshakeTimeout: 10 * time.Second,
-	WriteBufferPool:  &sync.Pool{},
+	// Frames stream through the read buffer; they need not fit in it. A small one keeps
+	// idle streams cheap (net/http's 4 KiB one would be reused otherwise).
+	ReadBufferSize:  1024,
+	WriteBufferPool: &sync.Pool{},
 	// Agents are programs, not browsers.
 	CheckOrigin: func(*http.Request) bool { return true },
 }
@@ -59,17 +63,18 @@ func decodeLogFrame(b []byte, maxSize int) (*pb.LogEnvelope, error) {
 	return env, nil
 }
 
-// ingestConn is one agent's stream. Its handler goroutine is the only reader and the
-// only writer of data frames (welcome, acks); the pinger writes control frames only,
-// which gorilla allows concurrently.
+// ingestConn is one agent's stream. Its goroutine (runStream) is the only reader and
+// the only writer of data frames (welcome, acks); the collector's pinger writes
+// control frames only, which gorilla allows concurrently. Records name worker_id
+// themselves: a child logger per stream would hold a few hundred bytes for its life.
 type ingestConn struct {
 	worker string
 	ws     *websocket.Conn
-	log    zerolog.Logger
 
 	writeTimeout time.Duration
 	done         chan struct{} // closed by closeWith, once
 	once         sync.Once
+	pinging      atomic.Bool // a ping to it is being written
 }
 
 // closeWith sends a close frame (best effort) and closes the connection. Idempotent,
@@ -130,16 +135,15 @@ func (c *Collector) ingest(ctx echo.Context) error {
 	}
 	c.handlers.Add(1)
 	c.mu.Unlock()
-	defer c.handlers.Done()
 
 	ws, err := upgrader.Upgrade(ctx.Response(), ctx.Request(), nil)
 	if err != nil {
+		c.handlers.Done()
 		return nil // the upgrader has answered already
 	}
 	ic := &ingestConn{
 		worker:       id,
 		ws:           ws,
-		log:          c.log.With().Str("worker_id", id).Logger(),
 		writeTimeout: c.cfg.WriteTimeout,
 		done:         make(chan struct{}),
 	}
@@ -151,25 +155,40 @@ func (c *Collector) ingest(ctx echo.Context) error {
 	c.mu.Unlock()
 	if stopping {
 		ic.closeWith(int(pb.CloseCode_CLOSE_CODE_SHUTDOWN), "log collector shutting down")
+		c.handlers.Done()
 		return nil
 	}
+	// The stream gets a goroutine of its own and the handler returns: net/http's state
+	// for the request (its 4 KiB read and write buffers, the request, Echo's context)
+	// would otherwise stay with every idle stream, half of what one costs.
+	go c.runStream(ic)
+	return nil
+}
+
+// runStream serves a registered stream until it ends, then unregisters it.
+func (c *Collector) runStream(ic *ingestConn) {
+	defer c.handlers.Done()
 	defer func() {
 		c.mu.Lock()
 		delete(c.streams, ic)
 		c.mu.Unlock()
 	}()
-
-	err = c.serveStream(ic)
+	defer func() { // Echo's Recover no longer covers this goroutine
+		if r := recover(); r != nil {
+			c.log.Error().Str("worker_id", ic.worker).Interface("panic", r).Msg("log stream handler panicked")
+			ic.closeWith(websocket.CloseInternalServerErr, "internal error")
+		}
+	}()
+	err := c.serveStream(ic)
 	var se *streamError
 	switch {
 	case errors.As(err, &se):
-		ic.log.Warn().Err(err).Str("close_code", se.code.String()).Msg("closing log stream")
+		c.log.Warn().Str("worker_id", ic.worker).Err(err).Str("close_code", se.code.String()).Msg("closing log stream")
 		ic.closeWith(int(se.code), se.reason)
 	default:
-		ic.log.Info().Err(err).Msg("log stream ended")
+		c.log.Info().Str("worker_id", ic.worker).Err(err).Msg("log stream ended")
 		ic.closeWith(websocket.CloseNormalClosure, "")
 	}
-	return nil
 }
 
 // serveStream runs one stream: hello, welcome, then batches until an error.
@@ -242,7 +261,7 @@ func (c *Collector) serveStream(ic *ingestConn) error {
 	if err := ic.write(welcome); err != nil {
 		return fmt.Errorf("send welcome: %w", err)
 	}
-	ic.log.Info().Str("stream_id", hello.GetStreamId()).Str("agent", hello.GetAgent()).Uint64("last_seq", last).
+	c.log.Info().Str("worker_id", ic.worker).Str("stream_id", hello.GetStreamId()).Str("agent", hello.GetAgent()).Uint64("last_seq", last).
 		Msg("log stream connected")
 
 	extend := func() { _ = ws.SetReadDeadline(time.Now().Add(c.cfg.ReadTimeout)) }
@@ -256,7 +275,6 @@ func (c *Collector) serveStream(ic *ingestConn) error {
 		return err
 	})
 	ws.SetPongHandler(func(string) error { extend(); return nil })
-	go ic.pinger(c.cfg.PingInterval)
 
 	for {
 		if err := c.serveBatch(w, ic, extend); err != nil {
@@ -314,19 +332,48 @@ func (c *Collector) serveBatch(w *workerLog, ic *ingestConn, extend func()) erro
 	return nil
 }
 
-func (ic *ingestConn) pinger(every time.Duration) {
-	t := time.NewTicker(every)
-	defer t.Stop()
+// ping sends a WebSocket ping (Collector.pingStreams). A ping that cannot be written
+// ends the stream: the reader sees the closed socket.
+func (ic *ingestConn) ping() {
+	select {
+	case <-ic.done:
+		return
+	default:
+	}
+	if err := ic.ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(ic.writeTimeout)); err != nil {
+		_ = ic.ws.Close()
+	}
+}
+
+// maxPingers bounds the pings being written at once.
+const maxPingers = 64
+
+// pingStreams pings every stream each PingInterval until ctx ends: one ticker for
+// all of them, not a goroutine per stream (see frame.Pinger).
+func (c *Collector) pingStreams(ctx context.Context) {
+	tick := time.NewTicker(c.cfg.PingInterval)
+	defer tick.Stop()
+	p := frame.NewPinger(maxPingers)
+	defer p.Wait()
+	var streams []*ingestConn
 	for {
 		select {
-		case <-ic.done:
+		case <-ctx.Done():
 			return
-		case <-t.C:
-			if err := ic.ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(ic.writeTimeout)); err != nil {
-				_ = ic.ws.Close() // the reader sees the error and ends the stream
+		case <-tick.C:
+		}
+		c.mu.Lock()
+		for ic := range c.streams {
+			streams = append(streams, ic)
+		}
+		c.mu.Unlock()
+		for i, ic := range streams {
+			streams[i] = nil
+			if !p.Go(ctx, &ic.pinging, ic.ping) {
 				return
 			}
 		}
+		streams = streams[:0]
 	}
 }
 
@@ -368,8 +415,8 @@ func (c *Collector) writeBatch(w *workerLog, ic *ingestConn, b *pb.LogBatch) (ui
 	}
 	last := w.state.LastSeq
 	if seq <= last {
-		if e := ic.log.Debug(); e.Enabled() {
-			e.Uint64("seq", seq).Uint64("last_seq", last).Msg("duplicate batch acknowledged, not written")
+		if e := c.log.Debug(); e.Enabled() {
+			e.Str("worker_id", ic.worker).Uint64("seq", seq).Uint64("last_seq", last).Msg("duplicate batch acknowledged, not written")
 		}
 		c.met.duplicates.Inc()
 		return seq, nil
@@ -379,7 +426,7 @@ func (c *Collector) writeBatch(w *workerLog, ic *ingestConn, b *pb.LogBatch) (ui
 	err := w.appendBatch(data, seq, b.GetDropped(), c.cfg.MaxFileBytes, c.cfg.MaxFiles)
 	rotated = w.state.File != file // trimToBudget does nothing without MaxTotalBytes
 	if err != nil {
-		ic.log.Error().Err(err).Uint64("seq", seq).Msg("cannot write a log batch")
+		c.log.Error().Str("worker_id", ic.worker).Err(err).Uint64("seq", seq).Msg("cannot write a log batch")
 		c.met.writeErrs.Inc()
 		return 0, &streamError{code: websocket.CloseInternalServerErr, reason: "cannot write the batch"}
 	}

@@ -90,3 +90,37 @@ func waitingStream(t *testing.T, waits <-chan string) string {
 		return ""
 	}
 }
+
+// The collector pings every stream (one ticker for all of them): an agent that only
+// listens still sees pings, as the protocol says both sides send them.
+func TestCollectorPingsEveryStream(t *testing.T) {
+	t.Parallel()
+	r := startCollector(t, Config{PingInterval: 20 * time.Millisecond, ReadTimeout: time.Minute})
+	pinged := make(chan string, 8)
+	for _, w := range []string{"p1", "p2"} {
+		a, _ := connect(t, r.ingestURL(), w, "s-"+w)
+		a.ws.SetPingHandler(func(string) error {
+			select {
+			case pinged <- w:
+			default:
+			}
+			return nil
+		})
+		go func() { // read until the stream ends, as an agent does
+			for {
+				if _, _, err := a.ws.ReadMessage(); err != nil {
+					return
+				}
+			}
+		}()
+	}
+	seen := map[string]bool{}
+	for len(seen) < 2 {
+		select {
+		case w := <-pinged:
+			seen[w] = true
+		case <-time.After(10 * time.Second):
+			t.Fatalf("pinged only %v", seen)
+		}
+	}
+}
