@@ -340,26 +340,10 @@ func (d *Dispatcher) RunBackground(ctx context.Context) {
 	}
 }
 
-// maxPingers bounds the pings being written at once.
-const maxPingers = 64
-
 // pingWorkers pings every connected worker each PingInterval until ctx ends (see
 // frame.Pinger for why each ping has a goroutine of its own).
 func (d *Dispatcher) pingWorkers(ctx context.Context) {
-	tick := time.NewTicker(d.cfg.PingInterval)
-	defer tick.Stop()
-	p := frame.NewPinger(maxPingers)
-	defer p.Wait()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		if !d.pingRound(ctx, p) {
-			return
-		}
-	}
+	frame.PingEvery(ctx, d.cfg.PingInterval, d.pingRound)
 }
 
 // pingRound starts a ping to every worker not still waiting on its last one. It

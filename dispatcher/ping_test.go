@@ -47,7 +47,7 @@ func TestStuckWorkerDoesNotHoldUpOtherPings(t *testing.T) {
 		}
 	}
 
-	p := frame.NewPinger(maxPingers)
+	p := frame.NewPinger(frame.MaxPings)
 	// A ping written while the flusher still gathers its batch joins the batch and
 	// returns; once the batch's write is under way, a ping waits for it. Rounds go on
 	// until the stuck worker's ping is outstanding.

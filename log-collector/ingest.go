@@ -345,36 +345,24 @@ func (ic *ingestConn) ping() {
 	}
 }
 
-// maxPingers bounds the pings being written at once.
-const maxPingers = 64
-
 // pingStreams pings every stream each PingInterval until ctx ends: one ticker for
 // all of them, not a goroutine per stream (see frame.Pinger).
 func (c *Collector) pingStreams(ctx context.Context) {
-	tick := time.NewTicker(c.cfg.PingInterval)
-	defer tick.Stop()
-	p := frame.NewPinger(maxPingers)
-	defer p.Wait()
 	var streams []*ingestConn
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
+	frame.PingEvery(ctx, c.cfg.PingInterval, func(ctx context.Context, p *frame.Pinger) bool {
 		c.mu.Lock()
 		for ic := range c.streams {
 			streams = append(streams, ic)
 		}
 		c.mu.Unlock()
-		for i, ic := range streams {
-			streams[i] = nil
+		defer func() { clear(streams); streams = streams[:0] }()
+		for _, ic := range streams {
 			if !p.Go(ctx, &ic.pinging, ic.ping) {
-				return
+				return false
 			}
 		}
-		streams = streams[:0]
-	}
+		return true
+	})
 }
 
 func (c *Collector) readFrame(ws *websocket.Conn) (*pb.LogEnvelope, error) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Pinger writes WebSocket pings for a server's many connections from one ticker rather
@@ -15,6 +16,28 @@ import (
 type Pinger struct {
 	slots chan struct{}
 	wg    sync.WaitGroup
+}
+
+// MaxPings is how many pings a server's Pinger writes at once.
+const MaxPings = 64
+
+// PingEvery runs round every interval until ctx ends or round reports false, with a
+// Pinger of MaxPings, and waits for its pings before it returns.
+func PingEvery(ctx context.Context, every time.Duration, round func(context.Context, *Pinger) bool) {
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	p := NewPinger(MaxPings)
+	defer p.Wait()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		if !round(ctx, p) {
+			return
+		}
+	}
 }
 
 // NewPinger returns a Pinger that writes at most max pings at once.
