@@ -1,10 +1,10 @@
 package dispatcher
 
 import (
-	pb "github.com/smartroute/smartroute/proto/smartroutev1"
-
 	"testing"
 	"time"
+
+	pb "github.com/smartroute/smartroute/proto/smartroutev1"
 )
 
 // Tests from a review of the task lifecycle: each reproduced a bug before its fix.
