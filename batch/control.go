@@ -2,8 +2,10 @@ package batch
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"time"
@@ -49,8 +51,10 @@ func (j *job) startControl() (stop func(), err error) {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	setTimeout := func(c echo.Context) error {
+		// Decoded as JSON whatever the Content-Type: curl -d, as README shows and the
+		// seed's operators type, labels it a form, which Echo's Bind reads as one.
 		var b workTimeoutBody
-		if err := c.Bind(&b); err != nil || b.Timeout == nil {
+		if err := json.NewDecoder(io.LimitReader(c.Request().Body, 4<<10)).Decode(&b); err != nil || b.Timeout == nil {
 			return c.JSON(http.StatusBadRequest, map[string]string{"error": `body must be {"timeout": seconds}`})
 		}
 		d := time.Duration(*b.Timeout * float64(time.Second))

@@ -710,3 +710,31 @@ func TestRunLeavesNoConnectionsOpen(t *testing.T) {
 		return len(open) == 0
 	})
 }
+
+// README's command, curl -d, sends the JSON body as application/x-www-form-urlencoded;
+// so do other clients that set no type. The body is JSON whatever the header says.
+func TestWorkTimeoutAcceptsCurlDefaultContentType(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := &job{cfg: Config{ControlListener: ln}, timeoutChanged: make(chan struct{}, 1)}
+	j.timeout.Store(int64(time.Minute))
+	stop, err := j.startControl()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	for _, ct := range []string{"application/x-www-form-urlencoded", "text/plain"} {
+		resp, err := http.Post("http://"+ln.Addr().String()+"/work-timeout", ct, strings.NewReader(`{"timeout": 1600}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || time.Duration(j.timeout.Load()) != 1600*time.Second {
+			t.Errorf("Content-Type %s: status %d, work timeout %v; want 200 and 1600s", ct, resp.StatusCode, time.Duration(j.timeout.Load()))
+		}
+		j.timeout.Store(int64(time.Minute))
+	}
+}
