@@ -585,10 +585,12 @@ func (j *job) handle(r report) {
 		// The dispatcher's /run-task has no 404 (that is GET /tasks/{id}'s unknown task):
 		// the URL is not its API, and no line can run. Stop rather than reject them all.
 		j.fatal = fmt.Errorf("POST %s answered %d: %s; is --dispatcher the dispatcher's base URL?", j.runTask, r.status, msg)
-	case r.status == http.StatusTooManyRequests || (r.status == http.StatusServiceUnavailable && a.Status == ""):
+	case r.status == http.StatusTooManyRequests || (r.status == http.StatusServiceUnavailable && a.Status != "failed"):
 		// Refused before it ran (queue full, shutting down, or a proxy in front while the
-		// dispatcher restarts): a 503 without a task's answer keeps no failed answer for
-		// the id, and it is not the item's fault. Pause as for no answer; no attempt.
+		// dispatcher restarts), or a journaled task let go unfinished at shutdown (its
+		// view, still queued or running), which runs after the restart: a 503 that is not
+		// a failed answer keeps none for the id, and it is not the item's fault. Pause as
+		// for no answer, no attempt, and keep the id to attach to the journaled run.
 		j.pause(max(j.bo.NextBackOff(), r.retryAfter), fmt.Sprintf("dispatcher refused the task for now (%d)", r.status), errors.New(msg))
 		j.retry = append(j.retry, it)
 	default:

@@ -738,3 +738,30 @@ func TestWorkTimeoutAcceptsCurlDefaultContentType(t *testing.T) {
 		j.timeout.Store(int64(time.Minute))
 	}
 }
+
+// A dispatcher with a journal that shuts down answers the producers waiting on
+// journaled tasks 503 with the task's view, still queued or running: the task is
+// kept and runs after the restart (hub.releaseLocked). That is not a failed answer:
+// the item keeps its task id, so its resubmission attaches to the journaled run
+// instead of running a second copy, and it spends no attempt.
+func TestShutdown503ForAJournaledTaskKeepsTheTaskID(t *testing.T) {
+	t.Parallel()
+	f := newFakeDispatcher(t, func(_ context.Context, req runTaskBody, line, nth int) (int, string) {
+		if line == 2 && nth == 1 {
+			return http.StatusServiceUnavailable, fmt.Sprintf(`{"task_id":%q,"status":"running","label":%q,"task_type":"sample_task","worker_id":"w1","label_miss":false,"attempts":1,"queue_ms":0,"load_ms":0,"run_ms":0,"error":"dispatcher shutting down; task %s is journaled and runs when the dispatcher starts again"}`,
+				req.TaskID, req.Label, req.TaskID)
+		}
+		return http.StatusOK, ""
+	})
+	cfg := setup(t, f, taskLines(3))
+	cfg.MaxAttempts = 1 // a counted attempt would reject line 2
+	s := run(t, cfg)
+	checkOutput(t, cfg.Output, 3)
+	reqs := f.requests(2)
+	if len(reqs) != 2 || reqs[1].TaskID != reqs[0].TaskID {
+		t.Errorf("line 2 was submitted as %v; want twice under one id", reqs)
+	}
+	if s.Rejected != 0 || s.Reissued != 0 {
+		t.Errorf("summary %+v: the shutdown's 503 counted as a failed attempt", s)
+	}
+}
