@@ -2,10 +2,12 @@ package batch
 
 import (
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -28,6 +30,27 @@ type checkpoint struct {
 	RejectedSize int64 `json:"rejected_size"`
 	// Done is set once every line of the input is written.
 	Done bool `json:"done"`
+	// InputHead is the sha256 (hex) of the input's first InputHeadBytes bytes when the
+	// job started: a resume on another file (the same command on a new input) is
+	// refused instead of seeking it to this job's offset. Empty in older checkpoints.
+	InputHead      string `json:"input_head,omitempty"`
+	InputHeadBytes int64  `json:"input_head_bytes,omitempty"`
+}
+
+// inputHeadBytes is how much of the input its fingerprint covers: enough to tell two
+// files apart, little enough to read at every start.
+const inputHeadBytes = 64 << 10
+
+// inputHead is the sha256 (hex) of f's first n bytes; f's offset is left at n.
+func inputHead(f *os.File, n int64) (string, error) {
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return "", err
+	}
+	h := sha256.New()
+	if _, err := io.CopyN(h, f, n); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // newJobID is a random id for a fresh job.

@@ -202,20 +202,39 @@ func (j *job) open() error {
 				return fmt.Errorf("%s exists and there is no checkpoint %s: remove it to start over", p, j.cfg.Checkpoint)
 			}
 		}
-		cp = checkpoint{JobID: newJobID()}
+	}
+	// The input is opened before a fresh job's checkpoint is written: a job that cannot
+	// read it leaves nothing behind.
+	if j.in, err = os.Open(j.cfg.Input); err != nil {
+		return fmt.Errorf("input: %w", err)
+	}
+	fi, err := j.in.Stat()
+	if err != nil {
+		return fmt.Errorf("input: %w", err)
+	}
+	if !ok {
+		cp = checkpoint{JobID: newJobID(), InputHeadBytes: min(fi.Size(), inputHeadBytes)}
+		if cp.InputHead, err = inputHead(j.in, cp.InputHeadBytes); err != nil {
+			return fmt.Errorf("input: %w", err)
+		}
 		// The checkpoint comes first: from now on the files are ours to truncate.
 		if err := cp.save(j.cfg.Checkpoint); err != nil {
 			return err
 		}
 	}
 	j.cp, j.written, j.jobID = cp, cp, cp.JobID
-	if j.in, err = os.Open(j.cfg.Input); err != nil {
-		return fmt.Errorf("input: %w", err)
+	if fi.Size() < cp.InputOffset || fi.Size() < cp.InputHeadBytes {
+		return fmt.Errorf("input %s is %d bytes, shorter than when the job started (checkpoint %s): it is not the input this job ran on", j.cfg.Input, fi.Size(), j.cfg.Checkpoint)
 	}
-	if fi, err := j.in.Stat(); err != nil {
-		return fmt.Errorf("input: %w", err)
-	} else if fi.Size() < cp.InputOffset {
-		return fmt.Errorf("input %s is %d bytes, shorter than the checkpoint's offset %d: it changed since the job started", j.cfg.Input, fi.Size(), cp.InputOffset)
+	if ok && cp.InputHead != "" {
+		head, err := inputHead(j.in, cp.InputHeadBytes)
+		if err != nil {
+			return fmt.Errorf("input: %w", err)
+		}
+		if head != cp.InputHead {
+			return fmt.Errorf("input %s begins with other bytes than when the job started (checkpoint %s): it is not the input this job ran on; to run it, remove %s, %s and %s or choose another --output",
+				j.cfg.Input, j.cfg.Checkpoint, j.cfg.Output, j.cfg.Rejected, j.cfg.Checkpoint)
+		}
 	}
 	if _, err := j.in.Seek(cp.InputOffset, io.SeekStart); err != nil {
 		return fmt.Errorf("input: %w", err)

@@ -765,3 +765,48 @@ func TestShutdown503ForAJournaledTaskKeepsTheTaskID(t *testing.T) {
 		t.Errorf("summary %+v: the shutdown's 503 counted as a failed attempt", s)
 	}
 }
+
+// Run again with the same command on a different input (a daily job's new file, the
+// old output and checkpoint left in place), the job must not seek the new file to the
+// old offset and append its lines, misnumbered and cut mid-line, to the old output.
+func TestResumeRefusesAnotherInput(t *testing.T) {
+	t.Parallel()
+	f := newFakeDispatcher(t, nil)
+	cfg := setup(t, f, taskLines(3))
+	run(t, cfg)
+	before, err := os.ReadFile(cfg.Output)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := taskLines(8, "label-9")
+	for i := range other {
+		other[i] = strings.Replace(other[i], `"sample_task"`, `"other_task"`, 1)
+	}
+	if err := os.WriteFile(cfg.Input, []byte(strings.Join(other, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Run(context.Background(), cfg)
+	if err == nil || !strings.Contains(err.Error(), "not the input") {
+		t.Errorf("Run on another input with the old checkpoint: %v; want a refusal", err)
+	}
+	if after, _ := os.ReadFile(cfg.Output); string(after) != string(before) {
+		t.Errorf("the output changed:\n%s", after)
+	}
+}
+
+// A fresh job whose input cannot be opened changes nothing: no checkpoint is left
+// behind to be taken for a job later.
+func TestFreshJobWithoutInputLeavesNoCheckpoint(t *testing.T) {
+	t.Parallel()
+	f := newFakeDispatcher(t, nil)
+	cfg := setup(t, f, taskLines(1))
+	cfg.Input += ".typo"
+	if _, err := Run(context.Background(), cfg); err == nil {
+		t.Fatal("Run with a missing input succeeded")
+	}
+	for _, p := range []string{cfg.Output, cfg.Output + ".checkpoint", cfg.Output + ".rejected.jsonl"} {
+		if _, err := os.Stat(p); err == nil {
+			t.Errorf("%s was created", p)
+		}
+	}
+}
