@@ -252,14 +252,26 @@ func (j *job) open() error {
 	return nil
 }
 
+// errLocked is lockFile's answer when another process holds the lock.
+var errLocked = errors.New("locked")
+
 // openAt opens path for writing, cut back to size: anything beyond was written after
-// the last checkpoint and will be written again.
+// the last checkpoint and will be written again. It holds the file's lock until the
+// file is closed, taken before the cut: a second run of a running job (a cron job
+// overlapping the last one) would cut the files under the first one and interleave
+// their lines.
 func openAt(path string, size int64) (*os.File, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
 		return nil, err
 	}
-	fi, err := f.Stat()
+	if err = lockFile(f); errors.Is(err, errLocked) {
+		err = fmt.Errorf("%s is in use by another batch job (a run of this job still going?): wait for it or stop it", path)
+	}
+	var fi os.FileInfo
+	if err == nil {
+		fi, err = f.Stat()
+	}
 	if err == nil && fi.Size() < size {
 		err = fmt.Errorf("%s is %d bytes, shorter than the checkpoint's %d: it was changed outside the job", path, fi.Size(), size)
 	}

@@ -810,3 +810,50 @@ func TestFreshJobWithoutInputLeavesNoCheckpoint(t *testing.T) {
 		}
 	}
 }
+
+// A second run of the same job while the first still runs (a cron job overlapping
+// the last one, a second operator) would cut the output back to the checkpoint under
+// the first one's feet and interleave their lines. It is refused and changes nothing.
+func TestSecondRunOfARunningJobIsRefused(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	// The second run, when it is not refused, is stopped once it submits anything.
+	secondCtx, stopSecond := context.WithTimeout(context.Background(), 30*time.Second)
+	defer stopSecond()
+	f := newFakeDispatcher(t, func(ctx context.Context, _ runTaskBody, line, nth int) (int, string) {
+		if nth > 1 { // the first run submits each line once
+			stopSecond()
+		}
+		if line == 3 {
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+		}
+		return http.StatusOK, ""
+	})
+	cfg := setup(t, f, taskLines(5))
+	done := make(chan Summary, 1)
+	go func() { done <- run(t, cfg) }()
+	waitFor(t, "the first run to checkpoint lines 1 and 2", func() bool {
+		cp, ok, _ := loadCheckpoint(cfg.Output + ".checkpoint")
+		return ok && cp.Lines == 2
+	})
+	before, err := os.ReadFile(cfg.Output)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = Run(secondCtx, cfg)
+	if err == nil || !strings.Contains(err.Error(), "another batch job") {
+		t.Errorf("a second run while the first runs: %v; want a refusal", err)
+	}
+	if after, _ := os.ReadFile(cfg.Output); string(after) != string(before) {
+		t.Errorf("the second run changed the output:\n%s", after)
+	}
+	close(release)
+	<-done
+	checkOutput(t, cfg.Output, 5)
+	if n := len(f.requests(4)); n != 1 {
+		t.Errorf("line 4 was submitted %d times; the second run must submit nothing", n)
+	}
+}
