@@ -605,6 +605,11 @@ func (j *job) handle(r report) {
 		msg = strings.TrimSpace(string(r.body[:min(len(r.body), 200)]))
 	}
 	switch {
+	case r.status == http.StatusOK && a.Status != "completed":
+		// The dispatcher's 200 is always a completed task. Anything else (a gateway's
+		// sign-in page reached through a redirect) would be written as a result it is
+		// not, for every line: stop instead.
+		j.fatal = fmt.Errorf("POST %s answered 200 with %q, not a task's answer; is --dispatcher the dispatcher's base URL, with nothing redirecting it (a sign-in page)?", j.runTask, msg)
 	case r.status == http.StatusOK:
 		j.bo.Reset()
 		j.complete(it, a)

@@ -857,3 +857,33 @@ func TestSecondRunOfARunningJobIsRefused(t *testing.T) {
 		t.Errorf("line 4 was submitted %d times; the second run must submit nothing", n)
 	}
 }
+
+// A gateway in front of the dispatcher that sends unauthenticated requests to its
+// sign-in page (302, followed by the client, then 200 HTML) answers 200 without a
+// task's answer. Taking that for a completed task wrote every line as completed with
+// no result and checkpointed it: the whole input lost, exit 0. The job stops instead.
+func TestA200ThatIsNotATaskAnswerStopsTheJob(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/run-task" {
+			http.Redirect(w, r, "/sign-in", http.StatusFound)
+			return
+		}
+		w.Header().Set("Content-Type", "text/html")
+		_, _ = w.Write([]byte("<html><body>Sign in</body></html>"))
+	}))
+	defer srv.Close()
+	cfg := setup(t, &fakeDispatcher{srv: srv}, taskLines(5))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := Run(ctx, cfg)
+	if err == nil || !strings.Contains(err.Error(), "not a task's answer") {
+		t.Errorf("Run against a sign-in page: %v; want an error", err)
+	}
+	if s.Completed != 0 {
+		t.Errorf("%d lines written as completed from a sign-in page", s.Completed)
+	}
+	if cp, _, _ := loadCheckpoint(cfg.Output + ".checkpoint"); cp.Lines != 0 {
+		t.Errorf("checkpoint %+v advanced past lines that never ran", cp)
+	}
+}
