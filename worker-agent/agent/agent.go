@@ -152,6 +152,7 @@ func newAgent(cfg Config) (_ *agent, err error) {
 			}
 			if cfg.Metrics != nil {
 				tc.OnError = cfg.Metrics.tritonError
+				cfg.Metrics.tritonOps(triton.Ops())
 			}
 			if b, err = triton.New(tc); err != nil {
 				return nil, fmt.Errorf("backend %s: %w", cfg.BackendName, err)
@@ -238,6 +239,7 @@ func (a *agent) start(ctx context.Context) error {
 		a.labels.onJoin, a.labels.onWait = h.labelJoin, h.labelWait
 	}
 	a.labels.metrics = a.metrics
+	a.metrics.labelsSeen(a.loadable)
 	if err := a.labels.adopt(ctx, inv.Loaded); err != nil {
 		return fmt.Errorf("backend %s: %w", a.backend.Name(), err)
 	}

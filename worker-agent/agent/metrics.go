@@ -90,12 +90,37 @@ func (m *Metrics) labelLoaded(label string, err error, took time.Duration) {
 	if m == nil {
 		return
 	}
-	result := "ok"
+	ok, failed := m.labelLoads.WithLabelValues(label, "ok"), m.labelLoads.WithLabelValues(label, "failed")
 	if err != nil {
-		result = "failed"
+		failed.Inc()
+	} else {
+		ok.Inc()
 	}
-	m.labelLoads.WithLabelValues(label, result).Inc()
 	m.loadDuration.Observe(took.Seconds())
+}
+
+// labelsSeen makes both result series of each label's loads, at 0, before its first
+// load. increase() cannot see the step to a counter's first value, so without this a
+// label whose every load fails would never reach SmartrouteLabelLoadsFailing: each
+// agent's "failed" series would start at 1 and stay there until its next failure.
+func (m *Metrics) labelsSeen(labels []string) {
+	if m == nil {
+		return
+	}
+	for _, l := range labels {
+		m.labelLoads.WithLabelValues(l, "ok")
+		m.labelLoads.WithLabelValues(l, "failed")
+	}
+}
+
+// tritonOps makes a zero series for each Triton operation, for the same reason.
+func (m *Metrics) tritonOps(ops []string) {
+	if m == nil {
+		return
+	}
+	for _, op := range ops {
+		m.tritonErrors.WithLabelValues(op)
+	}
 }
 
 func (m *Metrics) ran(took time.Duration) {

@@ -150,6 +150,35 @@ func TestAgentMetricsCountTritonErrors(t *testing.T) {
 	}
 }
 
+// Every series an alert's increase() reads exists at 0 before its first event: a
+// counter that appears at 1 shows no increase, so a label whose loads fail on every
+// agent once would never alert.
+func TestAgentMetricsSeriesExistBeforeTheirFirstEvent(t *testing.T) {
+	t.Parallel()
+	m := agent.NewMetrics()
+	f := fake.New(fake.Config{Models: []string{"a", "b"}})
+	h := setup(t, withTriton(t, f), withConfig(func(c *agent.Config) { c.Metrics = m }))
+	p := h.connect()
+	reg := m.Registry()
+	for _, label := range []string{"a", "b"} {
+		for _, result := range []string{"ok", "failed"} {
+			want := map[string]string{"label": label, "result": result}
+			if got := metricValue(t, reg, "smartroute_agent_label_loads_total", want); got != 0 {
+				t.Errorf("label_loads_total%v = %v before any load, want 0", want, got)
+			}
+		}
+	}
+	for _, op := range []string{"load", "unload", "infer", "index", "live"} {
+		want := map[string]string{"op": op}
+		if got := metricValue(t, reg, "smartroute_agent_triton_errors_total", want); got != 0 {
+			t.Errorf("triton_errors_total%v = %v before any call failed, want 0", want, got)
+		}
+	}
+	if err := h.stop(p); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+}
+
 func get(t *testing.T, url string) (int, string) {
 	t.Helper()
 	resp, err := http.Get(url)

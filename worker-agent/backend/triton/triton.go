@@ -53,6 +53,18 @@ const (
 	TaskEmbedTexts = "embed_texts"
 )
 
+// Ops are the calls an Error's Op names, and OnError is called with.
+const (
+	OpLoad   = "load"
+	OpUnload = "unload"
+	OpInfer  = "infer"
+	OpIndex  = "index"
+	OpLive   = "live"
+)
+
+// Ops lists every Op, so that a caller can make a zero series for each up front.
+func Ops() []string { return []string{OpLoad, OpUnload, OpInfer, OpIndex, OpLive} }
+
 // Defaults filled in by WithDefaults.
 const (
 	DefaultURL             = "http://127.0.0.1:8000"
@@ -162,7 +174,7 @@ func (c Config) Validate() error {
 // Error is a failed Triton call: a non-2xx answer (StatusCode and Triton's message) or
 // no answer at all (StatusCode 0 and Err).
 type Error struct {
-	Op         string // "load", "unload", "infer", "index", "live"
+	Op         string // one of Ops
 	Model      string // empty for server-wide calls
 	StatusCode int
 	Message    string // Triton's {"error": ...}, or the body's text
@@ -322,7 +334,7 @@ func (b *Backend) Health(ctx context.Context) error {
 }
 
 func (b *Backend) live(ctx context.Context) error {
-	_, err := b.call(ctx, "live", "", http.MethodGet, "/v2/health/live", nil)
+	_, err := b.call(ctx, OpLive, "", http.MethodGet, "/v2/health/live", nil)
 	return err
 }
 
@@ -335,7 +347,7 @@ type indexEntry struct {
 }
 
 func (b *Backend) index(ctx context.Context) ([]indexEntry, error) {
-	body, err := b.call(ctx, "index", "", http.MethodPost, "/v2/repository/index", []byte(`{}`))
+	body, err := b.call(ctx, OpIndex, "", http.MethodPost, "/v2/repository/index", []byte(`{}`))
 	if err != nil {
 		return nil, err
 	}
@@ -519,7 +531,7 @@ func (b *Backend) awaitIndex(ctx context.Context, pending func([]indexEntry) str
 }
 
 func (b *Backend) load(ctx context.Context, label string) error {
-	_, err := b.call(ctx, "load", label, http.MethodPost, "/v2/repository/models/"+url.PathEscape(label)+"/load", nil)
+	_, err := b.call(ctx, OpLoad, label, http.MethodPost, "/v2/repository/models/"+url.PathEscape(label)+"/load", nil)
 	return err
 }
 
@@ -540,7 +552,7 @@ func (b *Backend) Unload(ctx context.Context, label string) error {
 }
 
 func (b *Backend) unload(ctx context.Context, label string) error {
-	if _, err := b.call(ctx, "unload", label, http.MethodPost, "/v2/repository/models/"+url.PathEscape(label)+"/unload", nil); err != nil {
+	if _, err := b.call(ctx, OpUnload, label, http.MethodPost, "/v2/repository/models/"+url.PathEscape(label)+"/unload", nil); err != nil {
 		return err
 	}
 	state, err := b.awaitIndex(ctx, func(entries []indexEntry) string { return heldState(entries, label) }, nil)
@@ -618,7 +630,7 @@ func (b *Backend) runInfer(ctx context.Context, task backend.Task) ([]byte, erro
 // the model again and retries once; the reload counts in the task's run time.
 func (b *Backend) infer(ctx context.Context, label string, body []byte) ([]byte, error) {
 	path := "/v2/models/" + url.PathEscape(label) + "/infer"
-	out, err := b.call(ctx, "infer", label, http.MethodPost, path, body)
+	out, err := b.call(ctx, OpInfer, label, http.MethodPost, path, body)
 	var te *Error
 	if err == nil || !errors.As(err, &te) || te.StatusCode == 0 || te.StatusCode >= 500 && te.StatusCode != 503 {
 		return out, err
@@ -648,7 +660,7 @@ func (b *Backend) infer(ctx context.Context, label string, body []byte) ([]byte,
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
-	return b.call(ctx, "infer", label, http.MethodPost, path, body)
+	return b.call(ctx, OpInfer, label, http.MethodPost, path, body)
 }
 
 // embedResult is what embed_texts returns. The numbers are Triton's, as it wrote them.
