@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -85,24 +86,23 @@ func TestTotalBytesBoundKeepsCurrentFiles(t *testing.T) {
 	}
 }
 
+// skewedClock is a store clock that the test can move on, as if that much time had
+// passed since the files were written.
+func skewedClock() (now func() time.Time, skew *atomic.Int64) {
+	skew = new(atomic.Int64)
+	return func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }, skew
+}
+
 // A gone worker (no stream, nothing written for goneAfter) loses its current file too,
 // and with it its directory: a rollout's old pod names do not keep a file each for
 // good. A connected worker keeps its current file however old, and a gone worker that
-// comes back starts afresh.
+// comes back starts afresh, with a note of what it sent before.
 func TestTotalBytesBoundRemovesGoneWorkers(t *testing.T) {
 	t.Parallel()
 	const budget = 300
-	r := startCollector(t, Config{MaxFileBytes: 100, MaxFiles: 10, MaxTotalBytes: budget})
+	now, skew := skewedClock()
+	r := startCollector(t, Config{MaxFileBytes: 100, MaxFiles: 10, MaxTotalBytes: budget, hooks: &testHooks{now: now}})
 	rec := func(i int) string { return fmt.Sprintf(`{"i":%d,"pad":"%s"}`, i, strings.Repeat("x", 20)) } // two a file
-	age := func(w string) {                                                                             // as if written before goneAfter
-		files, _ := filepath.Glob(filepath.Join(r.dir, w, "*.jsonl"))
-		for _, f := range files {
-			old := time.Now().Add(-goneAfter - time.Minute)
-			if err := os.Chtimes(f, old, old); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
 	idle, _ := connect(t, r.ingestURL(), "c-idle", "s0")
 	idle.batch(1, 0, rec(0))
 	gone, _ := connect(t, r.ingestURL(), "a-gone", "s1")
@@ -111,8 +111,7 @@ func TestTotalBytesBoundRemovesGoneWorkers(t *testing.T) {
 	}
 	gone.ws.Close()
 	waitStreams(t, r.c.met, 1)
-	age("a-gone")
-	age("c-idle")
+	skew.Store(int64(goneAfter + time.Minute))
 	fresh, _ := connect(t, r.ingestURL(), "b-new", "s2")
 	for i := 1; i <= 8; i++ { // rotations trim: a-gone's files are the oldest
 		fresh.batch(uint64(i), 0, rec(100+i))
@@ -122,6 +121,9 @@ func TestTotalBytesBoundRemovesGoneWorkers(t *testing.T) {
 	}
 	if code, _ := r.get("/logs?worker=a-gone"); code != 404 {
 		t.Errorf("GET /logs of the removed worker: %d, want 404", code)
+	}
+	if _, err := os.Stat(filepath.Join(r.dir, "a-gone")); !os.IsNotExist(err) {
+		t.Errorf("a-gone's directory after a query: %v, want it still removed", err)
 	}
 	if got := lines(t, r.dir, "c-idle"); len(got) != 1 {
 		t.Errorf("connected c-idle keeps %q, want its current file", got)
@@ -134,7 +136,46 @@ func TestTotalBytesBoundRemovesGoneWorkers(t *testing.T) {
 		t.Errorf("a-gone back: welcome last_seq %d, want 0 (its state went with it)", last)
 	}
 	back.batch(5, 0, rec(5))
-	if got := lines(t, r.dir, "a-gone"); len(got) != 2 || got[1] != rec(5) {
-		t.Errorf("a-gone back writes %q, want a note of the missing batches and record 5", got)
+	got := lines(t, r.dir, "a-gone")
+	if len(got) != 2 || got[1] != rec(5) || !strings.Contains(got[0], `"missing_to":4`) || !strings.Contains(got[0], "--max-total-bytes") {
+		t.Errorf("a-gone back writes %q, want a note of the batches removed and record 5", got)
+	}
+}
+
+// A worker that has not streamed since the collector started counts as gone only
+// goneAfter after the start, however old its files: at a restart every worker is
+// quiet until it reconnects, and a live one that has logged nothing for an hour must
+// keep its files.
+func TestTotalBytesBoundSparesQuietWorkersAfterARestart(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	rec := func(i int) string { return fmt.Sprintf(`{"i":%d,"pad":"%s"}`, i, strings.Repeat("x", 20)) }
+	r := startCollector(t, Config{Dir: dir, MaxFileBytes: 100, MaxFiles: 10})
+	quiet, _ := connect(t, r.ingestURL(), "a-quiet", "s1")
+	quiet.batch(1, 0, rec(1))
+	r.stop()
+	files, _ := filepath.Glob(filepath.Join(dir, "a-quiet", "*.jsonl"))
+	for _, f := range files { // last written long before the restart
+		old := time.Now().Add(-2 * goneAfter)
+		if err := os.Chtimes(f, old, old); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	now, skew := skewedClock()
+	r2 := startCollector(t, Config{Dir: dir, MaxFileBytes: 100, MaxFiles: 10, MaxTotalBytes: 150, hooks: &testHooks{now: now}})
+	fresh, _ := connect(t, r2.ingestURL(), "b-new", "s2")
+	for i := 1; i <= 6; i++ {
+		fresh.batch(uint64(i), 0, rec(100+i))
+	}
+	if got := lines(t, dir, "a-quiet"); len(got) != 1 || got[0] != rec(1) {
+		t.Fatalf("a-quiet right after the restart keeps %q, want its current file", got)
+	}
+	skew.Store(int64(goneAfter + time.Minute))
+	for i := 7; i <= 10; i++ {
+		fresh.batch(uint64(i), 0, rec(100+i))
+	}
+	if _, err := os.Stat(filepath.Join(dir, "a-quiet")); !os.IsNotExist(err) {
+		t.Errorf("a-quiet's directory goneAfter after the restart: %v, want it removed", err)
 	}
 }

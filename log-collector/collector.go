@@ -99,6 +99,8 @@ type testHooks struct {
 	// batchWaits, when set, receives the worker id of each stream whose next batch
 	// has to wait for a slot (MaxActiveBatches), as it starts waiting.
 	batchWaits chan<- string
+	// now, when set, is the store's clock (how long workers have been gone).
+	now func() time.Time
 }
 
 // WithDefaults returns a copy of c with zero values replaced by their defaults.
@@ -230,6 +232,9 @@ func New(cfg Config) (*Collector, error) {
 		return nil, err
 	}
 	st.maxTotalBytes = cfg.MaxTotalBytes
+	if cfg.hooks != nil && cfg.hooks.now != nil {
+		st.now = cfg.hooks.now
+	}
 	c := &Collector{
 		cfg:          cfg,
 		log:          cfg.Logger.With().Str("component", "log_collector").Logger(),

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -175,7 +176,7 @@ func (c *Collector) runStream(ic *ingestConn) {
 	}()
 	defer func() { // Echo's Recover no longer covers this goroutine
 		if r := recover(); r != nil {
-			c.log.Error().Str("worker_id", ic.worker).Interface("panic", r).Msg("log stream handler panicked")
+			c.log.Error().Str("worker_id", ic.worker).Interface("panic", r).Bytes("stack", debug.Stack()).Msg("log stream handler panicked")
 			ic.closeWith(websocket.CloseInternalServerErr, "internal error")
 		}
 	}()
@@ -241,7 +242,7 @@ func (c *Collector) serveStream(ic *ingestConn) error {
 	defer func() {
 		w.mu.Lock()
 		if w.owner == ic {
-			w.owner = nil
+			w.owner, w.detachedAt = nil, c.store.now()
 			// The worker may never come back (a new pod, a new id): hold no descriptor
 			// for it. The next batch reopens the file.
 			if w.file != nil {
@@ -309,6 +310,8 @@ func (c *Collector) serveBatch(w *workerLog, ic *ingestConn, extend func()) erro
 		extend() // the wait was the collector's, not the agent's silence
 	}
 	defer func() { <-c.batchSlots }()
+	// The slot is held while the frame arrives: an agent trickling one in holds it up
+	// to ReadTimeout. Reading first would bound nothing, the frame being the memory.
 	data, err := io.ReadAll(r)
 	if err != nil {
 		return err
@@ -466,7 +469,7 @@ func (c *Collector) batchLines(worker string, b *pb.LogBatch, last, dropped uint
 	}
 	if b.GetSeq() > last+1 {
 		note(collectorNote{Event: "log_batches_missing", MissingFrom: last + 1, MissingTo: b.GetSeq() - 1,
-			Message: "log batches of this stream never reached the collector"})
+			Message: "log batches of this stream are not in the collector's files: removed with the worker's files (--max-total-bytes, or by hand) or lost after they were acknowledged"})
 	}
 	if b.GetDropped() > dropped {
 		note(collectorNote{Event: "log_records_dropped", Dropped: b.GetDropped() - dropped, DroppedTotal: b.GetDropped(),

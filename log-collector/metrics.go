@@ -29,7 +29,7 @@ func newMetrics(c *Collector) *metrics {
 		duplicates: counter("duplicate_batches_total", "Batches acknowledged without writing: already written (resent after a lost ack)."),
 		writeErrs:  counter("write_errors_total", "Batches that could not be written to disk; their stream is closed and the agent resends."),
 		budgetDeletes: counter("budget_deleted_files_total",
-			"Rotated-out log files deleted to keep all workers' files within --max-total-bytes."),
+			"Log files deleted to keep all workers' files within --max-total-bytes: rotated-out files, and gone workers' current files."),
 		batchWaits: counter("batch_slot_waits_total",
 			"Batches that waited for one of the --max-active-batches slots; often rising means the collector is the bottleneck."),
 	}

@@ -95,28 +95,43 @@ type store struct {
 	// one trimToBudget run at a time.
 	maxTotalBytes int64
 	trimMu        sync.Mutex
+
+	now func() time.Time // time.Now; tests move it on
 }
 
 func newStore(dir string, maxFileBytes int64, maxFiles int) (*store, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("log directory: %w", err)
 	}
-	return &store{dir: dir, maxFileBytes: maxFileBytes, maxFiles: maxFiles, workers: map[string]*workerLog{}}, nil
+	return &store{dir: dir, maxFileBytes: maxFileBytes, maxFiles: maxFiles, workers: map[string]*workerLog{}, now: time.Now}, nil
 }
 
-// goneAfter is how long a worker without a stream must have written nothing before
+// goneAfter is how long a worker must have had no stream, and written nothing, before
 // trimToBudget may take its current file, and with it the worker's directory. Worker
 // ids are pod names: a worker replaced by a rollout never comes back, and its current
-// file would otherwise stay for good. The wait spares the workers of a collector that
-// has just restarted, which have not reconnected yet.
+// file would otherwise stay for good. Time without a stream counts from the stream's
+// end or, for a worker not streaming since the collector started, from the start
+// (workerLog.detachedAt): a live worker that has logged nothing for an hour has not
+// had the chance to reconnect to a collector that has just restarted.
 const goneAfter = time.Hour
+
+// goneLocked says whether w is gone: no stream since before goneBefore, and its
+// current file (stat'ed now, as a stream may have come and gone since it was listed)
+// last written before it. The caller holds w.mu.
+func (w *workerLog) goneLocked(goneBefore time.Time) bool {
+	if w.owner != nil || w.detachedAt.After(goneBefore) {
+		return false
+	}
+	fi, err := os.Stat(w.dataPath(w.state.File))
+	return err == nil && fi.ModTime().Before(goneBefore)
+}
 
 // trimToBudget deletes the oldest data files, whichever worker's they are, until the
 // files of all workers fit maxTotalBytes, and returns how many it deleted. MaxFiles
 // bounds each worker, not the directory: worker ids are pod names, a rollout brings a
 // new set, and the files of workers long gone would fill the disk. Rotated-out files
 // go in the order they were last written. A current file goes in that order too, but
-// only a gone worker's (no stream, nothing written for goneAfter), and it takes the
+// only a gone worker's (no stream and nothing written for goneAfter), and it takes the
 // worker's directory with it: state.json points at the file. Otherwise the bound can
 // be exceeded by up to one file per worker.
 func (s *store) trimToBudget() (deleted int, removed []string, err error) {
@@ -138,11 +153,14 @@ func (s *store) trimToBudget() (deleted int, removed []string, err error) {
 	var total int64
 	var old []oldFile
 	sizes := map[*workerLog]map[int]int64{} // what total counts, by worker and file
-	goneBefore := time.Now().Add(-goneAfter)
+	goneBefore := s.now().Add(-goneAfter)
 	for _, id := range ids {
-		w, err := s.worker(id)
+		w, err := s.existing(id)
 		if err != nil {
 			return 0, nil, err
+		}
+		if w == nil {
+			continue // removed by hand since it was listed
 		}
 		w.mu.Lock()
 		sizes[w] = map[int]int64{}
@@ -153,7 +171,7 @@ func (s *store) trimToBudget() (deleted int, removed []string, err error) {
 			}
 			total += fi.Size()
 			sizes[w][n] = fi.Size()
-			if n != w.state.File || w.owner == nil && fi.ModTime().Before(goneBefore) {
+			if n != w.state.File || w.owner == nil && !w.detachedAt.After(goneBefore) && fi.ModTime().Before(goneBefore) {
 				old = append(old, oldFile{w, n, fi.Size(), fi.ModTime()})
 			}
 		}
@@ -178,7 +196,7 @@ func (s *store) trimToBudget() (deleted int, removed []string, err error) {
 			f.w.files = slices.Delete(f.w.files, i, i+1)
 			total -= f.size
 			deleted++
-		case f.w.owner == nil: // gone when listed, and no stream has come since
+		case f.w.goneLocked(goneBefore): // gone when listed, and still
 			if err := os.RemoveAll(f.w.dir); err != nil {
 				f.w.mu.Unlock()
 				return deleted, removed, err
@@ -219,6 +237,9 @@ type workerLog struct {
 	files []int       // data files on disk, ascending; the last is state.File
 	file  *os.File    // state.File opened for appending; nil until the first write
 	owner *ingestConn // the connection streaming for this worker; the newest wins
+	// detachedAt is when owner last became nil: the end of its last stream, or when
+	// the worker was opened (at the latest, the collector's start).
+	detachedAt time.Time
 	// removed: trimToBudget deleted the directory of this gone worker. Whoever finds
 	// it set after taking mu lets it go (store.forget) and opens the worker again.
 	removed bool
@@ -258,27 +279,31 @@ func checkWorkerID(field, id string) error {
 	return nil
 }
 
-// worker returns the worker's log, opening (and recovering) it on first use.
-func (s *store) worker(id string) (*workerLog, error) {
+// worker returns the worker's log, opening (and recovering) it on first use and
+// making its directory if it has none.
+func (s *store) worker(id string) (*workerLog, error) { return s.open(id, true) }
+
+// existing returns the worker's log if the worker has a directory, else nil. It never
+// makes one: a query or a trim racing trimToBudget's removal must not bring the
+// directory back empty.
+func (s *store) existing(id string) (*workerLog, error) { return s.open(id, false) }
+
+func (s *store) open(id string, create bool) (*workerLog, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if w := s.workers[id]; w != nil {
 		return w, nil
 	}
-	w, err := openWorker(filepath.Join(s.dir, escapeWorkerID(id)), id)
+	w, err := openWorker(filepath.Join(s.dir, escapeWorkerID(id)), id, create)
 	if err != nil {
 		return nil, fmt.Errorf("open logs of worker %s: %w", id, err)
 	}
-	s.workers[id] = w
-	return w, nil
-}
-
-// existing returns the worker's log if the worker has a directory, else nil.
-func (s *store) existing(id string) (*workerLog, error) {
-	if _, err := os.Stat(filepath.Join(s.dir, escapeWorkerID(id))); errors.Is(err, fs.ErrNotExist) {
+	if w == nil {
 		return nil, nil
 	}
-	return s.worker(id)
+	w.detachedAt = s.now()
+	s.workers[id] = w
+	return w, nil
 }
 
 // workerIDs lists the workers with a directory, sorted.
@@ -315,12 +340,19 @@ func (s *store) close() error {
 	return errors.Join(errs...)
 }
 
-func openWorker(dir, id string) (*workerLog, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
+// openWorker opens the worker whose directory is dir; without create, a missing
+// directory gives nil.
+func openWorker(dir, id string, create bool) (*workerLog, error) {
+	if create {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, err
+		}
 	}
 	w := &workerLog{id: id, dir: dir}
 	entries, err := os.ReadDir(dir)
+	if !create && errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
 	if err != nil {
 		return nil, err
 	}
