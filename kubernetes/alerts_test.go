@@ -1,6 +1,7 @@
 package kubernetes
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -28,9 +29,27 @@ type prometheusRule struct {
 	} `json:"spec"`
 }
 
+// alertMetricLabels are the labels of each metric the alerts read, as the components
+// define them (the README's metrics tables), beside the job and namespace Prometheus
+// adds: a matcher or a "by" on a label the metric lacks selects nothing, and the alert
+// never fires.
+var alertMetricLabels = map[string][]string{
+	"up": nil,
+	"smartroute_dispatcher_connected_workers":        nil,
+	"smartroute_dispatcher_tasks_failed_total":       {"reason"},
+	"smartroute_dispatcher_tasks_received_total":     nil,
+	"smartroute_dispatcher_queue_wait_seconds":       {"le"},
+	"smartroute_dispatcher_worker_disconnects_total": {"code"},
+	"smartroute_agent_label_loads_total":             {"label", "result"},
+	"smartroute_agent_triton_errors_total":           {"op"},
+	"smartroute_agent_log_records_dropped_total":     nil,
+	"smartroute_collector_write_errors_total":        nil,
+}
+
 // checkAlerts asserts every alert is one Prometheus loads: an expression that parses,
-// over metrics a component exports and this release's jobs only, a valid "for", a
-// severity, and annotations whose Prometheus templates survived Helm's.
+// over metrics a component exports, by labels they have, and this release's jobs
+// only, a valid "for", a severity, and annotations whose Prometheus templates survived
+// Helm's.
 func checkAlerts(t *testing.T, pr *prometheusRule, collector bool) {
 	t.Helper()
 	if pr.Labels["release"] != "prometheus" {
@@ -49,7 +68,7 @@ func checkAlerts(t *testing.T, pr *prometheusRule, collector bool) {
 				t.Errorf("%s: expr does not parse: %v\n%s", r.Alert, err, r.Expr)
 				continue
 			}
-			parser.Inspect(expr, func(n parser.Node, _ []parser.Node) error {
+			parser.Inspect(expr, func(n parser.Node, path []parser.Node) error {
 				vs, ok := n.(*parser.VectorSelector)
 				if !ok {
 					return nil
@@ -59,12 +78,31 @@ func checkAlerts(t *testing.T, pr *prometheusRule, collector bool) {
 				}
 				// Only this release's series: another release in the cluster must not fire it.
 				var job, ns string
+				labels, described := alertMetricLabels[strings.TrimSuffix(vs.Name, "_bucket")]
+				if !described {
+					t.Errorf("%s queries %s: add its labels to alertMetricLabels", r.Alert, vs.Name)
+				}
 				for _, m := range vs.LabelMatchers {
 					switch m.Name {
 					case "job":
 						job = m.Value
 					case "namespace":
 						ns = m.Value
+					case model.MetricNameLabel:
+					default:
+						if !slices.Contains(labels, m.Name) {
+							t.Errorf("%s matches %s on label %q, which it does not have (%v)", r.Alert, vs.Name, m.Name, labels)
+						}
+					}
+				}
+				// Every "by" above this selector groups by labels it has.
+				for _, anc := range path {
+					if agg, ok := anc.(*parser.AggregateExpr); ok && !agg.Without {
+						for _, g := range agg.Grouping {
+							if !slices.Contains(labels, g) {
+								t.Errorf("%s sums %s by %q, a label it does not have (%v)", r.Alert, vs.Name, g, labels)
+							}
+						}
 					}
 				}
 				if !strings.HasPrefix(job, "sr-smartroute-") || ns != "smartroute" {
