@@ -78,7 +78,11 @@ func TestStuckWorkerDoesNotHoldUpOtherPings(t *testing.T) {
 	}
 	// Another round does not pile a second ping onto the stuck worker.
 	b.d.pingRound(context.Background(), p)
-	<-pinged
+	select {
+	case <-pinged:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the healthy worker was not pinged in the next round")
+	}
 	for deadline := time.Now().Add(10 * time.Second); p.InFlight() != 1; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d pings outstanding after another round, want the stuck worker's one", p.InFlight())

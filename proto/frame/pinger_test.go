@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // A connection whose ping is still being written gets no second one, the bound holds
@@ -15,7 +16,11 @@ func TestPingerSkipsBusyConnectionsAndBoundsPings(t *testing.T) {
 	if !p.Go(context.Background(), &stuck, func() { close(started); <-release }) {
 		t.Fatal("first ping not started")
 	}
-	<-started
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first ping never ran")
+	}
 	if !p.Go(context.Background(), &stuck, func() { t.Error("a second ping to a busy connection") }) {
 		t.Fatal("a busy connection's skip reported an ended context")
 	}
