@@ -115,12 +115,8 @@ func (d *Dispatcher) Registry() *prometheus.Registry { return d.hub.met.reg }
 func (d *Dispatcher) routes() *echo.Echo {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
-	// Recover and authorize wrap each route's handler once, here: middleware given to
-	// e.Use (or to a route) is applied afresh by Echo on every request, two closures
-	// a request. Unknown paths are checked too (with --ops-auth, a 401 tells nothing of
-	// what exists); a known path with the wrong method gets Echo's 405 unchecked.
-	recoverPanics := middleware.Recover()
-	wrap := func(h echo.HandlerFunc) echo.HandlerFunc { return recoverPanics(d.authorize(h)) }
+	e.Use(middleware.Recover())
+	e.Use(d.authorize)
 	e.HTTPErrorHandler = func(err error, c echo.Context) {
 		if c.Response().Committed {
 			return
@@ -135,16 +131,15 @@ func (d *Dispatcher) routes() *echo.Echo {
 		}
 		_ = c.JSON(status, errorBody{msg})
 	}
-	e.POST("/run-task", wrap(d.runTask))
-	e.GET("/tasks/:id", wrap(d.getTask))
-	e.GET("/health", wrap(func(c echo.Context) error { return c.JSON(http.StatusOK, map[string]string{"message": "OK"}) }))
-	e.GET("/workers", wrap(d.getWorkers))
-	e.POST("/workers/:id/drain", wrap(d.drainWorker))
-	e.GET("/labels", wrap(func(c echo.Context) error { return c.JSON(http.StatusOK, d.hub.labelHolders()) }))
-	e.POST("/upload-model", wrap(d.uploadModel))
-	e.GET("/worker-listen", wrap(d.serveWorker))
-	e.GET("/metrics", wrap(echo.WrapHandler(promhttp.HandlerFor(d.hub.met.reg, promhttp.HandlerOpts{}))))
-	e.RouteNotFound("/*", wrap(func(echo.Context) error { return echo.ErrNotFound }))
+	e.POST("/run-task", d.runTask)
+	e.GET("/tasks/:id", d.getTask)
+	e.GET("/health", func(c echo.Context) error { return c.JSON(http.StatusOK, map[string]string{"message": "OK"}) })
+	e.GET("/workers", d.getWorkers)
+	e.POST("/workers/:id/drain", d.drainWorker)
+	e.GET("/labels", func(c echo.Context) error { return c.JSON(http.StatusOK, d.hub.labelHolders()) })
+	e.POST("/upload-model", d.uploadModel)
+	e.GET("/worker-listen", d.serveWorker)
+	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(d.hub.met.reg, promhttp.HandlerOpts{})))
 	return e
 }
 
