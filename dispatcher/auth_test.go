@@ -195,6 +195,30 @@ func TestOpsAuth(t *testing.T) {
 	open.untouched()
 }
 
+// Credentials are checked before routing answers: with --ops-auth an unknown path or a
+// known one with the wrong method is a 401 without a key, and with a key the router's
+// own answers (404, 405 with Allow) stand.
+func TestRoutingAnswersBehindAuth(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{APIKeys: []string{testAPIKey}, OpsAuth: true})
+	for _, c := range []struct{ method, path string }{{"GET", "/nope"}, {"GET", "/run-task"}, {"DELETE", "/workers/w1/drain"}} {
+		if code, _, v := b.send(c.method, c.path, ""); code != 401 {
+			t.Errorf("%s %s without a key: %d %v, want 401", c.method, c.path, code, v)
+		}
+	}
+	if code, _, v := b.send("GET", "/nope", "", "X-API-Key", testAPIKey); code != 404 {
+		t.Errorf("GET /nope with the key: %d %v, want 404", code, v)
+	}
+	code, h, v := b.send("GET", "/run-task", "", "X-API-Key", testAPIKey)
+	if code != 405 || !strings.Contains(h.Get("Allow"), "POST") {
+		t.Errorf("GET /run-task with the key: %d Allow %q %v, want 405 allowing POST", code, h.Get("Allow"), v)
+	}
+	if code, h, v := b.send("POST", "/health", ""); code != 405 || !strings.Contains(h.Get("Allow"), "GET") {
+		t.Errorf("POST /health: %d Allow %q %v, want 405 allowing GET, with no key needed", code, h.Get("Allow"), v)
+	}
+	b.untouched()
+}
+
 func writeFile(t *testing.T, path, content string) {
 	t.Helper()
 	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
