@@ -77,7 +77,7 @@ func TestStuckWorkerDoesNotHoldUpOtherPings(t *testing.T) {
 		}
 	}
 	// Another round does not pile a second ping onto the stuck worker.
-	b.d.pingRound(context.Background(), p)
+	within(t, "another round of pings", func() { b.d.pingRound(context.Background(), p) })
 	select {
 	case <-pinged:
 	case <-time.After(10 * time.Second):
@@ -89,5 +89,17 @@ func TestStuckWorkerDoesNotHoldUpOtherPings(t *testing.T) {
 		}
 	}
 	stuck.ws.Close() // the write fails, and the ping with it
-	p.Wait()
+	within(t, "the stuck worker's ping after its socket closed", p.Wait)
+}
+
+// within fails the test if fn has not returned after 10 s, rather than hanging it.
+func within(t *testing.T, what string, fn func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { fn(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: still waiting after 10s", what)
+	}
 }

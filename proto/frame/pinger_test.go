@@ -36,7 +36,13 @@ func TestPingerSkipsBusyConnectionsAndBoundsPings(t *testing.T) {
 		t.Errorf("InFlight = %d, want 1", n)
 	}
 	close(release)
-	p.Wait()
+	waited := make(chan struct{})
+	go func() { p.Wait(); close(waited) }()
+	select {
+	case <-waited:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Wait still waiting 10s after the ping was released")
+	}
 	if stuck.Load() || p.InFlight() != 0 {
 		t.Errorf("after Wait: busy %v, in flight %d", stuck.Load(), p.InFlight())
 	}
