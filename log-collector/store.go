@@ -116,14 +116,16 @@ func newStore(dir string, maxFileBytes int64, maxFiles int) (*store, error) {
 const goneAfter = time.Hour
 
 // goneLocked says whether w is gone: no stream since before goneBefore, and its
-// current file (stat'ed now, as a stream may have come and gone since it was listed)
-// last written before it. The caller holds w.mu.
-func (w *workerLog) goneLocked(goneBefore time.Time) bool {
-	if w.owner != nil || w.detachedAt.After(goneBefore) {
-		return false
-	}
+// current file, last written at written, written before it too. The caller holds w.mu.
+func (w *workerLog) goneLocked(written, goneBefore time.Time) bool {
+	return w.owner == nil && !w.detachedAt.After(goneBefore) && written.Before(goneBefore)
+}
+
+// stillGoneLocked is goneLocked with the current file stat'ed now: a stream may have
+// come, written and gone since the file was listed. The caller holds w.mu.
+func (w *workerLog) stillGoneLocked(goneBefore time.Time) bool {
 	fi, err := os.Stat(w.dataPath(w.state.File))
-	return err == nil && fi.ModTime().Before(goneBefore)
+	return err == nil && w.goneLocked(fi.ModTime(), goneBefore)
 }
 
 // trimToBudget deletes the oldest data files, whichever worker's they are, until the
@@ -171,7 +173,7 @@ func (s *store) trimToBudget() (deleted int, removed []string, err error) {
 			}
 			total += fi.Size()
 			sizes[w][n] = fi.Size()
-			if n != w.state.File || w.owner == nil && !w.detachedAt.After(goneBefore) && fi.ModTime().Before(goneBefore) {
+			if n != w.state.File || w.goneLocked(fi.ModTime(), goneBefore) {
 				old = append(old, oldFile{w, n, fi.Size(), fi.ModTime()})
 			}
 		}
@@ -196,7 +198,7 @@ func (s *store) trimToBudget() (deleted int, removed []string, err error) {
 			f.w.files = slices.Delete(f.w.files, i, i+1)
 			total -= f.size
 			deleted++
-		case f.w.goneLocked(goneBefore): // gone when listed, and still
+		case f.w.stillGoneLocked(goneBefore): // gone when listed, and still
 			if err := os.RemoveAll(f.w.dir); err != nil {
 				f.w.mu.Unlock()
 				return deleted, removed, err
