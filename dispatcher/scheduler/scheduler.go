@@ -433,6 +433,7 @@ func (s *Scheduler) Submit(t *Task) (*Outcome, error) {
 		out.Failed = append(out.Failed, Failure{Task: t, Reason: FailNoWorkerCanLoad})
 		return out, nil
 	}
+	s.label(t.Label).arrived(t.Enqueued) // placed or queued below, so the state stays
 	if !s.place(t) {
 		s.enqueue(t, false)
 	}
@@ -802,10 +803,26 @@ func (s *Scheduler) rngStart(n int) int {
 // than waiting behind `ahead` queued tasks for the label's busy holders, by at least
 // half a load. The margin stands for what a load costs beyond its own time (memory,
 // an eviction that may need reloading later), and it keeps a burst of first requests
-// waiting for the load already under way instead of starting loads elsewhere.
+// waiting for the load already under way instead of starting loads elsewhere. A label
+// whose holders are outpaced by its demand loads a copy sooner (see outpaced).
 func (s *Scheduler) loadBeatsWait(label string, ls *labelState, ahead int) bool {
 	st := s.statsOf(ls)
-	return st.load+st.load/2+st.run < s.expectedWait(label, ls, ahead, st)
+	start, run, slots := s.expectedStart(label, ls, ahead, st)
+	if st.load+st.load/2+st.run < start+run {
+		return true
+	}
+	return ahead > 0 && s.outpaced(ls, st, run, slots)
+}
+
+// outpaced reports whether a label's submissions have come faster than its holders'
+// slots run them (`run` each), by a quarter or more, over at least a load time. Such a
+// backlog grows for as long as no copy is added: waiting until it is a load and a half
+// long, as the first test in loadBeatsWait does, makes every task behind it wait too.
+// The margin keeps demand near the holders' capacity, and the span a burst, from
+// loading copies that would soon sit idle.
+func (s *Scheduler) outpaced(ls *labelState, st estimate, run time.Duration, slots int) bool {
+	return ls.gapSeen && s.now.Sub(ls.firstArrival) >= st.load &&
+		4*float64(run) > 5*float64(ls.arrivalGap)*float64(slots) // in floats: no overflow
 }
 
 // holderSample bounds how many holders the wait estimate looks at, keeping it O(1) in
@@ -815,19 +832,20 @@ const holderSample = 8
 // expectedWait estimates how long a task waits for a holder of its label with `ahead`
 // tasks queued before it, its own run included (see expectedStart).
 func (s *Scheduler) expectedWait(label string, ls *labelState, ahead int, st estimate) time.Duration {
-	start, run := s.expectedStart(label, ls, ahead, st)
+	start, run, _ := s.expectedStart(label, ls, ahead, st)
 	return start + run
 }
 
 // expectedStart estimates when a holder of the label starts a task with `ahead` tasks
 // queued before it, and how long the task then runs: the earliest time a holder is
 // expected to free up for the label (what is left of the task it runs, or of its copy's
-// load while that is in progress), plus the queue ahead shared among the holders, at
-// the run time each has shown for this label.
-func (s *Scheduler) expectedStart(label string, ls *labelState, ahead int, st estimate) (start, run time.Duration) {
+// load while that is in progress), plus the queue ahead shared among the holders'
+// slots, at the run time each has shown for this label. It also returns the holders'
+// slots (estimated from the sampled ones).
+func (s *Scheduler) expectedStart(label string, ls *labelState, ahead int, st estimate) (start, run time.Duration, slots int) {
 	soonest := time.Duration(-1)
 	var runSum time.Duration
-	n := 0
+	n, slotSum := 0, 0
 	for i := 0; i < ls.all.len() && n < holderSample; i++ {
 		w := ls.all.at(i)
 		h := w.held[w.find(label)]
@@ -835,6 +853,7 @@ func (s *Scheduler) expectedStart(label string, ls *labelState, ahead int, st es
 			continue
 		}
 		n++
+		slotSum += w.slots
 		run := st.run
 		if h.runEst > 0 {
 			run = h.runEst
@@ -847,11 +866,12 @@ func (s *Scheduler) expectedStart(label string, ls *labelState, ahead int, st es
 		}
 	}
 	if n == 0 {
-		return 0, 0
+		return 0, 0, 0
 	}
 	run = runSum / time.Duration(n)
-	perHolder := float64(ahead) / float64(ls.active)
-	return soonest + time.Duration(perHolder*float64(run)), run
+	slots = slotSum * ls.active / n
+	perSlot := float64(ahead) / float64(slots)
+	return soonest + time.Duration(perSlot*float64(run)), run, slots
 }
 
 // loadLeft is how long h's copy is expected to go on loading: zero once loaded, else
@@ -876,7 +896,7 @@ func (s *Scheduler) loadedEnough(h *heldLabel) bool {
 // either way; a tie goes to the loading copy, which counts among the holders itself.
 func (s *Scheduler) loadEndBeatsWait(h *heldLabel, ahead int) bool {
 	st := s.statsOf(h.state)
-	start, _ := s.expectedStart(h.label, h.state, ahead, st)
+	start, _, _ := s.expectedStart(h.label, h.state, ahead, st)
 	return s.loadLeft(h, st) <= start
 }
 

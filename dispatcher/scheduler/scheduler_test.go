@@ -149,6 +149,114 @@ func TestWaitOrLoad(t *testing.T) {
 	}
 }
 
+// Rule 2 learns: the first load observed for a label replaces the prior. Pulled from a
+// 400 ms prior by a 0.2-weight average, a label that loads in 10 ms still looked like
+// 322 ms after its first load, never earned a copy, and so never taught the scheduler
+// more: the throughput benchmark kept five labels on three of eight agents.
+func TestFirstLoadReplacesThePrior(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{LoadTimePrior: 400 * time.Millisecond, RunTimePrior: 50 * time.Millisecond})
+	b.worker("holder", 2, 1)
+	b.worker("spare", 1, 1, "cold")
+	first := b.task("quick")
+	if a := one(t, b.submit(first)); a.WorkerID != "holder" || !a.Load {
+		t.Fatalf("got %+v, want a load on holder, which has room", a)
+	}
+	out, err := b.s.Complete("holder", first, Observation{Loaded: true, LoadTime: 10 * time.Millisecond, RunTime: 50 * time.Millisecond})
+	if err != nil || len(out.Assigned) != 0 {
+		t.Fatalf("complete: %v, %+v", err, out.Assigned)
+	}
+	if got := b.s.stats("quick").load; got != 10*time.Millisecond {
+		t.Fatalf("load estimate %v after one 10ms load, want 10ms", got)
+	}
+	one(t, b.submit(b.task("quick"))) // holder again, now busy for 50ms
+	// Waiting costs the running task's 50ms and its own 50ms run; a load on spare 10ms,
+	// 5ms margin and the run.
+	if a := one(t, b.submit(b.task("quick"))); a.WorkerID != "spare" || !a.Load || a.EvictLabel != "cold" {
+		t.Fatalf("got %+v, want spare loading quick in place of cold", a)
+	}
+}
+
+// Rule 2 on workers that run several tasks at once: the queue ahead is shared among the
+// holders' slots, not the holders. Counted per holder, a 4-slot holder's wait looked
+// four times longer than it is and loaded copies it did not need.
+func TestWaitCountsHolderSlots(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{LoadTimePrior: 400 * time.Millisecond, RunTimePrior: 50 * time.Millisecond})
+	b.worker("holder", 2, 4, "hot")
+	b.worker("spare", 2, 1, "cold")
+	for i := 0; i < 4; i++ {
+		if a := one(t, b.submit(b.task("hot"))); a.WorkerID != "holder" {
+			t.Fatalf("got %+v, want holder", a)
+		}
+	}
+	// With k ahead the wait is 50ms (the running tasks' rest) + k/4×50ms + 50ms; a load
+	// costs 650ms as in TestWaitOrLoad. Up to 44 ahead: wait (per holder: up to 11).
+	for i := 0; i < 45; i++ {
+		none(t, b.submit(b.task("hot")))
+	}
+	if a := one(t, b.submit(b.task("hot"))); a.WorkerID != "spare" || !a.Load {
+		t.Fatalf("got %+v, want a load on spare at 45 ahead", a)
+	}
+}
+
+// Rule 2's hot label: when a label's tasks have kept arriving faster than its holders
+// run them, the backlog only grows, so a copy loads as soon as that has lasted a load
+// time, not once the queue is a load and a half long. Demand the holders keep up with
+// loads nothing.
+func TestOutpacedHoldersEarnACopy(t *testing.T) {
+	t.Parallel()
+	const step = 25 * time.Millisecond // the holder runs a task in two steps
+	for _, tc := range []struct {
+		name     string
+		every    int // a task arrives every this many steps
+		wantLoad bool
+	}{
+		{"twice the holder's pace", 1, true},
+		{"the holder's pace", 2, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, Config{LoadTimePrior: 400 * time.Millisecond, RunTimePrior: 50 * time.Millisecond})
+			b.worker("holder", 2, 1, "hot")
+			b.worker("spare", 2, 1, "cold")
+			start := b.clock.now
+			var running *Task
+			loadedAt, queuedThen := time.Duration(-1), 0
+			note := func(as []Assignment) {
+				for _, a := range as {
+					if a.WorkerID == "holder" {
+						running = a.Task
+					} else if a.Load && loadedAt < 0 {
+						loadedAt, queuedThen = b.clock.now.Sub(start), b.s.Queued("hot")
+					}
+				}
+			}
+			for i := 0; i < 80 && loadedAt < 0; i++ { // two seconds
+				if i%tc.every == 0 {
+					note(b.submit(b.task("hot")))
+				}
+				if i%2 == 1 && running != nil {
+					done := running
+					running = nil
+					note(b.complete(done, false))
+				}
+				b.clock.advance(step)
+			}
+			switch {
+			case !tc.wantLoad && loadedAt >= 0:
+				t.Fatalf("loaded a copy at %v for demand the holder keeps up with", loadedAt)
+			case tc.wantLoad && loadedAt < 0:
+				t.Fatal("no copy loaded in two seconds")
+			case tc.wantLoad && (loadedAt < 400*time.Millisecond || loadedAt > 450*time.Millisecond || queuedThen >= 12):
+				// The arrivals must first span a load time (400ms); the queue is then
+				// about 8 long, short of the 12 that make waiting dearer than a load.
+				t.Fatalf("loaded a copy at %v with %d queued, want at 400-450ms with fewer than 12", loadedAt, queuedThen)
+			}
+		})
+	}
+}
+
 // Rule 4: a freed worker takes the oldest task for a label it holds, even when an
 // older task for another label waits.
 func TestFreedWorkerPrefersItsLabels(t *testing.T) {

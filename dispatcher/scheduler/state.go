@@ -175,6 +175,34 @@ type labelState struct {
 	est    estimate
 	// observed is true once est holds a measurement rather than the priors.
 	observed bool
+	// loadSeen is true once est.load holds a measured load rather than the prior.
+	loadSeen bool
+	// arrivalGap is the smoothed time between the label's submissions (valid once
+	// gapSeen): the label's demand, for rule 2's question whether its holders keep up
+	// at all. firstArrival and lastArrival are its first and latest submission.
+	arrivalGap                time.Duration
+	gapSeen                   bool
+	firstArrival, lastArrival time.Time
+}
+
+// arrivalWeight is how much one gap between submissions moves arrivalGap: smoother than
+// the durations' ewmaWeight, because gaps between random arrivals vary far more than
+// load and run times do.
+const arrivalWeight = 0.05
+
+// arrived records a submission of the label at now.
+func (ls *labelState) arrived(now time.Time) {
+	if ls.lastArrival.IsZero() {
+		ls.firstArrival = now
+	} else {
+		gap := now.Sub(ls.lastArrival)
+		if ls.gapSeen {
+			ls.arrivalGap += time.Duration(arrivalWeight * float64(gap-ls.arrivalGap))
+		} else {
+			ls.arrivalGap, ls.gapSeen = gap, true
+		}
+	}
+	ls.lastArrival = now
 }
 
 // workerSet is an unordered set with O(1) add and remove: each member stores its
@@ -310,7 +338,11 @@ func (s *Scheduler) observe(label string, obs Observation) {
 		ls.observed = true
 	}
 	if obs.Loaded && obs.LoadTime > 0 {
-		ls.est.load = ewma(ls.est.load, obs.LoadTime)
+		if ls.loadSeen {
+			ls.est.load = ewma(ls.est.load, obs.LoadTime)
+		} else {
+			ls.est.load, ls.loadSeen = obs.LoadTime, true
+		}
 	}
 	if obs.RunTime > 0 {
 		ls.est.run = ewma(ls.est.run, obs.RunTime)
