@@ -433,7 +433,9 @@ func (s *Scheduler) Submit(t *Task) (*Outcome, error) {
 		out.Failed = append(out.Failed, Failure{Task: t, Reason: FailNoWorkerCanLoad})
 		return out, nil
 	}
-	s.label(t.Label).arrived(t.Enqueued) // placed or queued below, so the state stays
+	// Placed or queued below, so the label's state stays; place finds it through the task.
+	t.labelState = s.label(t.Label)
+	t.labelState.arrived(t.Enqueued)
 	if !s.place(t) {
 		s.enqueue(t, false)
 	}
@@ -739,7 +741,7 @@ func (s *Scheduler) place(t *Task) bool {
 		}
 		return false
 	}
-	ls := s.labels[t.Label]
+	ls := t.labelState // set by Submit for a new task, by enqueue for a queued one
 	ahead := 0
 	if ls != nil {
 		ahead = ls.queued

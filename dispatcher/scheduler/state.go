@@ -29,8 +29,8 @@ type Task struct {
 	state  taskState
 	seq    uint64
 	worker *worker
-	// labelState is the label's state while the task is queued (set by enqueue) or
-	// runs (by assign); stale after. The label cannot be forgotten meanwhile: a queued
+	// labelState is the label's state while the task is placed (set by Submit), queued
+	// (by enqueue) or runs (by assign); stale after. The label cannot be forgotten meanwhile: a queued
 	// task counts in its queue and a running one's label is held. The hot paths find
 	// the label through it rather than by name in s.labels.
 	labelState *labelState
