@@ -817,14 +817,19 @@ func (s *Scheduler) loadBeatsWait(label string, ls *labelState, ahead int) bool 
 }
 
 // outpaced reports whether a label's submissions have come faster than its holders'
-// slots run them (`run` each), by a quarter or more, over at least a load time. Such a
-// backlog grows for as long as no copy is added: waiting until it is a load and a half
-// long, as the first test in loadBeatsWait does, makes every task behind it wait too.
-// The margin keeps demand near the holders' capacity, and the span a burst, from
-// loading copies that would soon sit idle.
+// slots run them (`run` each), by a quarter or more, in a stretch of arrivals lasting
+// at least a load time. Such a backlog grows for as long as no copy is added: waiting
+// until it is a load and a half long, as the first test in loadBeatsWait does, makes
+// every task behind it wait too. The margin keeps demand near the holders' capacity,
+// and the span a burst (its arrivals span no time), from loading copies that would
+// soon sit idle. A rate that arrivals have stopped renewing fades: the time since the
+// last one counts as a gap.
 func (s *Scheduler) outpaced(ls *labelState, st estimate, run time.Duration, slots int) bool {
-	return ls.gapSeen && s.now.Sub(ls.firstArrival) >= st.load &&
-		4*float64(run) > 5*float64(ls.arrivalGap)*float64(slots) // in floats: no overflow
+	if !ls.gapSeen || ls.lastArrival.Sub(ls.firstArrival) < st.load {
+		return false
+	}
+	gap := max(ls.arrivalGap, s.now.Sub(ls.lastArrival))
+	return 4*float64(run) > 5*float64(gap)*float64(slots) // in floats: no overflow
 }
 
 // holderSample bounds how many holders the wait estimate looks at, keeping it O(1) in
@@ -842,8 +847,8 @@ func (s *Scheduler) expectedWait(label string, ls *labelState, ahead int, st est
 // queued before it, and how long the task then runs: the earliest time a holder is
 // expected to free up for the label (what is left of the task it runs, or of its copy's
 // load while that is in progress), plus the queue ahead shared among the holders'
-// slots, at the run time each has shown for this label. It also returns the holders'
-// slots (estimated from the sampled ones).
+// slots (slotsFor), at the run time each has shown for this label. It also returns the
+// holders' slots (estimated from the sampled ones).
 func (s *Scheduler) expectedStart(label string, ls *labelState, ahead int, st estimate) (start, run time.Duration, slots int) {
 	soonest := time.Duration(-1)
 	var runSum time.Duration
@@ -855,12 +860,12 @@ func (s *Scheduler) expectedStart(label string, ls *labelState, ahead int, st es
 			continue
 		}
 		n++
-		slotSum += w.slots
 		run := st.run
 		if h.runEst > 0 {
 			run = h.runEst
 		}
 		runSum += run
+		slotSum += s.slotsFor(w, h, run)
 		// A copy still loading serves nobody until it is loaded, free slots or not.
 		free := max(s.remaining(w), s.loadLeft(h, st))
 		if soonest < 0 || free < soonest {
@@ -874,6 +879,35 @@ func (s *Scheduler) expectedStart(label string, ls *labelState, ahead int, st es
 	slots = slotSum * ls.active / n
 	perSlot := float64(ahead) / float64(slots)
 	return soonest + time.Duration(perSlot*float64(run)), run, slots
+}
+
+// longRunFactor: a slot running another label whose tasks run this many times longer
+// than a label's own does not count among the slots that serve the label's queue.
+const longRunFactor = 4
+
+// slotsFor is how many of holder w's slots serve the queue of its label h, whose tasks
+// run `run` each: all of them, but those running another label whose runs take far
+// longer (longRunFactor), which do not turn over at the queue's pace. A slot busy
+// loading counts: a load ends once, and the slot then takes whatever waits. At least
+// one: the soonest start counts the first slot to free up.
+func (s *Scheduler) slotsFor(w *worker, h *heldLabel, run time.Duration) int {
+	n := w.slots
+	if h.inUse == len(w.running) { // it runs nothing else: the usual case
+		return n
+	}
+	for _, other := range w.held { // by label, not by task: fewer, and each knows its run
+		if other == h || other.inUse == 0 {
+			continue
+		}
+		otherRun := other.runEst
+		if otherRun == 0 {
+			otherRun = s.statsOf(other.state).run
+		}
+		if otherRun > longRunFactor*run {
+			n -= other.inUse
+		}
+	}
+	return max(n, 1)
 }
 
 // loadLeft is how long h's copy is expected to go on loading: zero once loaded, else

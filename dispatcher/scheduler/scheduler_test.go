@@ -202,58 +202,141 @@ func TestWaitCountsHolderSlots(t *testing.T) {
 
 // Rule 2's hot label: when a label's tasks have kept arriving faster than its holders
 // run them, the backlog only grows, so a copy loads as soon as that has lasted a load
-// time, not once the queue is a load and a half long. Demand the holders keep up with
-// loads nothing.
+// time, not once the queue is a load and a half long. Demand the holders keep up with,
+// or outpace by less than a quarter, loads nothing.
 func TestOutpacedHoldersEarnACopy(t *testing.T) {
 	t.Parallel()
-	const step = 25 * time.Millisecond // the holder runs a task in two steps
 	for _, tc := range []struct {
-		name     string
-		every    int // a task arrives every this many steps
-		wantLoad bool
+		name  string
+		slots int
+		every int // a task arrives every this many 5 ms steps; a run takes 10
+		// wantLoad: a copy loads 400-450 ms in (the arrivals must first span a load),
+		// with fewer queued than make waiting dearer than a load by itself (maxQueued).
+		wantLoad  bool
+		maxQueued int
 	}{
-		{"twice the holder's pace", 1, true},
-		{"the holder's pace", 2, false},
+		{"twice the holder's pace", 1, 5, true, 12},
+		{"1.67 times two slots' pace", 2, 3, true, 24},
+		{"1.11 times the holder's pace", 1, 9, false, 0},
+		{"the holder's pace", 1, 10, false, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := setup(t, Config{LoadTimePrior: 400 * time.Millisecond, RunTimePrior: 50 * time.Millisecond})
-			b.worker("holder", 2, 1, "hot")
+			const step, run = 5 * time.Millisecond, 50 * time.Millisecond
+			b := setup(t, Config{LoadTimePrior: 400 * time.Millisecond, RunTimePrior: run})
+			b.worker("holder", 2, tc.slots, "hot")
 			b.worker("spare", 2, 1, "cold")
 			start := b.clock.now
-			var running *Task
+			ends := map[*Task]time.Time{} // the holder's running tasks
 			loadedAt, queuedThen := time.Duration(-1), 0
 			note := func(as []Assignment) {
 				for _, a := range as {
 					if a.WorkerID == "holder" {
-						running = a.Task
+						ends[a.Task] = b.clock.now.Add(run)
 					} else if a.Load && loadedAt < 0 {
 						loadedAt, queuedThen = b.clock.now.Sub(start), b.s.Queued("hot")
 					}
 				}
 			}
-			for i := 0; i < 80 && loadedAt < 0; i++ { // two seconds
+			for i := 0; i < 400 && loadedAt < 0; i++ { // two seconds
+				for task, end := range ends {
+					if !b.clock.now.Before(end) {
+						delete(ends, task)
+						note(b.complete(task, false))
+					}
+				}
 				if i%tc.every == 0 {
 					note(b.submit(b.task("hot")))
-				}
-				if i%2 == 1 && running != nil {
-					done := running
-					running = nil
-					note(b.complete(done, false))
 				}
 				b.clock.advance(step)
 			}
 			switch {
 			case !tc.wantLoad && loadedAt >= 0:
-				t.Fatalf("loaded a copy at %v for demand the holder keeps up with", loadedAt)
+				t.Fatalf("loaded a copy at %v (%d queued) for demand the holder keeps up with", loadedAt, queuedThen)
 			case tc.wantLoad && loadedAt < 0:
 				t.Fatal("no copy loaded in two seconds")
-			case tc.wantLoad && (loadedAt < 400*time.Millisecond || loadedAt > 450*time.Millisecond || queuedThen >= 12):
-				// The arrivals must first span a load time (400ms); the queue is then
-				// about 8 long, short of the 12 that make waiting dearer than a load.
-				t.Fatalf("loaded a copy at %v with %d queued, want at 400-450ms with fewer than 12", loadedAt, queuedThen)
+			case tc.wantLoad && (loadedAt < 400*time.Millisecond || loadedAt > 450*time.Millisecond || queuedThen >= tc.maxQueued):
+				t.Fatalf("loaded a copy at %v with %d queued, want at 400-450ms with fewer than %d", loadedAt, queuedThen, tc.maxQueued)
 			}
 		})
+	}
+}
+
+// A burst at one instant, however long a load after it the holders take to drain it,
+// is not demand outpacing them: no free worker loads a copy as the queue shrinks.
+func TestBurstOnBusyHoldersLoadsNoCopy(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{LoadTimePrior: 400 * time.Millisecond, RunTimePrior: 50 * time.Millisecond})
+	for i := 0; i < 4; i++ {
+		b.worker(fmt.Sprintf("holder%d", i), 2, 1, "hot")
+	}
+	for i := 0; i < 7; i++ {
+		b.worker(fmt.Sprintf("spare%d", i), 1, 1, fmt.Sprintf("cold%d", i))
+	}
+	var running []*Task
+	note := func(as []Assignment) {
+		for _, a := range as {
+			if a.Load {
+				t.Fatalf("%s loads hot at %v with %d queued", a.WorkerID, b.clock.now.Sub(time.Unix(1_700_000_000, 0)), b.s.Queued("hot"))
+			}
+			running = append(running, a.Task)
+		}
+	}
+	for i := 0; i < 44; i++ { // 11 runs of the four holders: 550 ms
+		note(b.submit(b.task("hot")))
+	}
+	for b.s.Queued("hot") > 0 {
+		b.clock.advance(50 * time.Millisecond)
+		done := running
+		running = nil
+		for _, task := range done {
+			note(b.complete(task, false))
+		}
+		note(b.s.Rebalance().Assigned)
+	}
+}
+
+// Rule 2 counts only the holder slots that can serve the label: its free ones and those
+// running it. Slots busy with another label's long tasks do not drain its queue.
+func TestWaitCountsOnlySlotsTheLabelCanUse(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{LoadTimePrior: 400 * time.Millisecond, RunTimePrior: 50 * time.Millisecond})
+	b.worker("holder", 2, 4, "long", "hot")
+	b.worker("spare", 2, 1, "cold")
+	first := b.task("long")
+	one(t, b.submit(first))
+	if _, err := b.s.Complete("holder", first, Observation{RunTime: 10 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		if a := one(t, b.submit(b.task("long"))); a.WorkerID != "holder" {
+			t.Fatalf("got %+v, want holder", a)
+		}
+	}
+	if a := one(t, b.submit(b.task("hot"))); a.WorkerID != "holder" {
+		t.Fatalf("got %+v, want holder's last slot", a)
+	}
+	// One slot serves hot: with k ahead the wait is 50ms + k×50ms + 50ms, against a
+	// load's 650ms, as in TestWaitOrLoad. Counted as 4 slots it would wait to 44 ahead.
+	for i := 0; i < 12; i++ {
+		none(t, b.submit(b.task("hot")))
+	}
+	if a := one(t, b.submit(b.task("hot"))); a.WorkerID != "spare" || !a.Load {
+		t.Fatalf("got %+v, want a load on spare at 12 ahead", a)
+	}
+}
+
+// The first loads measured for a label are averaged evenly, so one slow first load
+// (a cold disk) does not stand for the label's cost for long.
+func TestFirstLoadsAveragedEvenly(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{LoadTimePrior: 400 * time.Millisecond})
+	b.worker("w", 1, 1, "slow") // known while held
+	for _, load := range []time.Duration{30 * time.Second, 2 * time.Second} {
+		b.s.observe("slow", Observation{Loaded: true, LoadTime: load, RunTime: time.Millisecond})
+	}
+	if got := b.s.stats("slow").load; got != 16*time.Second {
+		t.Fatalf("load estimate %v after loads of 30s and 2s, want their mean, 16s", got)
 	}
 }
 
