@@ -79,8 +79,8 @@ func loadCheckpoint(path string) (cp checkpoint, ok bool, err error) {
 }
 
 // save replaces path with cp atomically: a temporary file, fsynced, renamed over it,
-// then the directory fsynced so the rename itself survives a power cut.
-func (cp checkpoint) save(path string) error {
+// then the directory fsynced (with syncDir) so the rename itself survives a power cut.
+func (cp checkpoint) save(path string, syncDir func(dir string) error) error {
 	b, err := json.Marshal(cp)
 	if err != nil {
 		return err
@@ -109,6 +109,8 @@ func (cp checkpoint) save(path string) error {
 	return nil
 }
 
+// syncDir fsyncs a directory: a file's own fsync does not make its name durable, the
+// directory's does.
 func syncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {

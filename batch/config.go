@@ -88,6 +88,10 @@ type Config struct {
 	// HTTPClient calls the dispatcher. Nil: a client without proxy or overall timeout
 	// (the work timeout bounds each call).
 	HTTPClient *http.Client
+
+	// syncDir fsyncs a directory (tests record the calls; a power cut cannot be
+	// simulated). Nil: the real one.
+	syncDir func(dir string) error
 }
 
 // WithDefaults returns c with every zero field set to its default.
@@ -128,6 +132,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.CheckpointInterval == 0 {
 		c.CheckpointInterval = time.Second
+	}
+	if c.syncDir == nil {
+		c.syncDir = syncDir
 	}
 	if c.HTTPClient == nil {
 		c.HTTPClient = &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: c.Concurrency}}

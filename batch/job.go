@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -218,7 +219,7 @@ func (j *job) open() error {
 			return fmt.Errorf("input: %w", err)
 		}
 		// The checkpoint comes first: from now on the files are ours to truncate.
-		if err := cp.save(j.cfg.Checkpoint); err != nil {
+		if err := cp.save(j.cfg.Checkpoint, j.cfg.syncDir); err != nil {
 			return err
 		}
 	}
@@ -240,10 +241,10 @@ func (j *job) open() error {
 		return fmt.Errorf("input: %w", err)
 	}
 	j.lr = newLineReader(j.in, cp.InputOffset, j.cfg.MaxLineBytes)
-	if j.out, err = openAt(j.cfg.Output, cp.OutputSize); err != nil {
+	if j.out, err = openAt(j.cfg.Output, cp.OutputSize, j.cfg.syncDir); err != nil {
 		return err
 	}
-	if j.rej, err = openAt(j.cfg.Rejected, cp.RejectedSize); err != nil {
+	if j.rej, err = openAt(j.cfg.Rejected, cp.RejectedSize, j.cfg.syncDir); err != nil {
 		return err
 	}
 	j.outW = bufio.NewWriterSize(j.out, 256<<10)
@@ -259,8 +260,12 @@ var errLocked = errors.New("locked")
 // the last checkpoint and will be written again. It holds the file's lock until the
 // file is closed, taken before the cut: a second run of a running job (a cron job
 // overlapping the last one) would cut the files under the first one and interleave
-// their lines.
-func openAt(path string, size int64) (*os.File, error) {
+// their lines. The file's directory is fsynced before anything is written: the
+// checkpoint will count the file's bytes, and a power cut must not then lose the file's
+// name (the checkpoint's own directory fsync covers its directory, which --output and
+// --rejected need not share). Every start syncs, not only the one that creates the
+// file: a crash may have come between a creation and its sync.
+func openAt(path string, size int64, syncDir func(dir string) error) (*os.File, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
 		return nil, err
@@ -274,6 +279,11 @@ func openAt(path string, size int64) (*os.File, error) {
 	}
 	if err == nil && fi.Size() < size {
 		err = fmt.Errorf("%s is %d bytes, shorter than the checkpoint's %d: it was changed outside the job", path, fi.Size(), size)
+	}
+	if err == nil {
+		if err = syncDir(filepath.Dir(path)); err != nil {
+			err = fmt.Errorf("syncing the directory of %s: %w", path, err)
+		}
 	}
 	if err == nil {
 		err = f.Truncate(size)
@@ -779,7 +789,7 @@ func (j *job) checkpoint() error {
 			return fmt.Errorf("syncing %s: %w", w.f.Name(), err)
 		}
 	}
-	if err := j.written.save(j.cfg.Checkpoint); err != nil {
+	if err := j.written.save(j.cfg.Checkpoint, j.cfg.syncDir); err != nil {
 		return err
 	}
 	j.cp = j.written

@@ -887,3 +887,51 @@ func TestA200ThatIsNotATaskAnswerStopsTheJob(t *testing.T) {
 		t.Errorf("checkpoint %+v advanced past lines that never ran", cp)
 	}
 }
+
+// The output and rejected files are created by the job, and a new file's name is
+// durable only once its directory is fsynced: without that, a power cut could leave
+// a checkpoint counting bytes of a file that is gone. Each file's directory (here three
+// different ones) is synced after the file exists and before any checkpoint counts a
+// line.
+func TestCreatedFilesDirectoriesAreSynced(t *testing.T) {
+	t.Parallel()
+	f := newFakeDispatcher(t, nil)
+	lines := taskLines(5)
+	lines[2] = "not json" // so the rejected file gets bytes too
+	cfg := setup(t, f, lines)
+	dirs := map[string]string{}
+	for _, name := range []string{"output", "rejected", "checkpoint"} {
+		dirs[name] = filepath.Join(t.TempDir(), name)
+		if err := os.Mkdir(dirs[name], 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg.Output = filepath.Join(dirs["output"], "out.jsonl")
+	cfg.Rejected = filepath.Join(dirs["rejected"], "rejected.jsonl")
+	cfg.Checkpoint = filepath.Join(dirs["checkpoint"], "cp.json")
+	type syncCall struct {
+		dir     string
+		exists  bool  // the file the job keeps in dir existed
+		cpLines int64 // lines the checkpoint counted
+	}
+	file := map[string]string{dirs["output"]: cfg.Output, dirs["rejected"]: cfg.Rejected, dirs["checkpoint"]: cfg.Checkpoint}
+	var mu sync.Mutex
+	var calls []syncCall
+	cfg.syncDir = func(dir string) error {
+		_, err := os.Stat(file[dir])
+		cp, _, _ := loadCheckpoint(cfg.Checkpoint)
+		mu.Lock()
+		calls = append(calls, syncCall{dir, err == nil, cp.Lines})
+		mu.Unlock()
+		return syncDir(dir)
+	}
+	run(t, cfg)
+	checkOutput(t, cfg.Output, 5, 3)
+	mu.Lock()
+	defer mu.Unlock()
+	for _, name := range []string{"output", "rejected", "checkpoint"} {
+		if !slices.ContainsFunc(calls, func(c syncCall) bool { return c.dir == dirs[name] && c.exists && c.cpLines == 0 }) {
+			t.Errorf("the %s file's directory was not fsynced after the file was created and before a checkpoint counted its lines; directory fsyncs: %+v", name, calls)
+		}
+	}
+}
