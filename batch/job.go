@@ -53,7 +53,10 @@ type item struct {
 
 	issued   bool // taken from the look-ahead pool
 	attempts int  // issues that timed out or got a failed answer
-	failures int  // failed answers: each moves the item to a fresh task id
+	failures int  // failed answers the dispatcher keeps: each moves the item to a fresh task id
+	// setbacks counts the answers that were not its result (failed, or a run past its
+	// deadline): each doubles the wait before the item is issued again.
+	setbacks int
 	lastErr  string
 	seq      int // the current attempt; reports of other attempts are stale
 	inFlight bool
@@ -640,11 +643,22 @@ func (j *job) handle(r report) {
 		j.pause(max(j.bo.NextBackOff(), r.retryAfter), fmt.Sprintf("dispatcher refused the task for now (%d)", r.status), errors.New(msg))
 		j.retry = append(j.retry, it)
 	default:
-		// A failed answer: running it again at once would likely fail the same way (a
-		// label in the dispatcher's cool-down fails every task within milliseconds, and
-		// says for how long in Retry-After), spending the item's attempts.
-		it.failures++
-		it.notBefore = time.Now().Add(max(min(j.cfg.RetryDelay<<min(it.failures-1, 10), 5*time.Minute), r.retryAfter))
+		// Only the task's failed answer (its view, status "failed") is kept by the
+		// dispatcher under the id, so only that moves the item to a fresh id. Any other
+		// error keeps nothing under it, or says the run goes on: the dispatcher's 504
+		// "deadline exceeded; task ... is still running" (a worker overran the deadline
+		// and has not reported), or a proxy's 502/504 while the dispatcher holds the
+		// task. A fresh id would run it a second time and lose the first run's result;
+		// the same id attaches to that run, or gets its kept answer.
+		if a.Status == "failed" {
+			it.failures++
+		}
+		// Issued again at once, it would likely fail the same way (a label in the
+		// dispatcher's cool-down fails every task within milliseconds, and says for how
+		// long in Retry-After; an overrun run answers 504 at once until it ends),
+		// spending the item's attempts.
+		it.setbacks++
+		it.notBefore = time.Now().Add(max(min(j.cfg.RetryDelay<<min(it.setbacks-1, 10), 5*time.Minute), r.retryAfter))
 		j.failAttempt(it, fmt.Sprintf("dispatcher answered %d: %s", r.status, msg))
 	}
 }

@@ -325,9 +325,9 @@ func TestWorkTimeoutChangedWhileRunning(t *testing.T) {
 
 func TestRejectedAfterMaxAttempts(t *testing.T) {
 	t.Parallel()
-	f := newFakeDispatcher(t, func(ctx context.Context, _ runTaskBody, line, nth int) (int, string) {
-		if line == 2 {
-			return http.StatusBadGateway, `{"error":"worker error: out of memory"}`
+	f := newFakeDispatcher(t, func(ctx context.Context, req runTaskBody, line, nth int) (int, string) {
+		if line == 2 { // the dispatcher's failed answer: the task's view, kept under its id
+			return http.StatusBadGateway, failedView(req, "worker error: out of memory")
 		}
 		return http.StatusOK, ""
 	})
@@ -933,5 +933,96 @@ func TestCreatedFilesDirectoriesAreSynced(t *testing.T) {
 		if !slices.ContainsFunc(calls, func(c syncCall) bool { return c.dir == dirs[name] && c.exists && c.cpLines == 0 }) {
 			t.Errorf("the %s file's directory was not fsynced after the file was created and before a checkpoint counted its lines; directory fsyncs: %+v", name, calls)
 		}
+	}
+}
+
+// failedView is the dispatcher's failed answer: the task's view, which it keeps under
+// the task id.
+func failedView(req runTaskBody, msg string) string {
+	b, _ := json.Marshal(map[string]any{"task_id": req.TaskID, "status": "failed", "label": req.Label, "task_type": req.TaskType, "attempts": 1, "error": msg})
+	return string(b)
+}
+
+// The dispatcher answers a synchronous /run-task 504 in two ways. A task whose deadline
+// passed while queued, or whose worker reported it past its deadline, is failed: the
+// answer is its view, status "failed", kept under the id, so the item runs again under
+// a fresh id. A task whose worker overran the deadline and has not reported is still
+// running: the answer is a bare {"error"}, nothing is kept, and a fresh id would run it
+// a second time and lose the first run's result. The item is issued again under the
+// same id, which attaches to that run (here: gets its answer), after a wait.
+func TestSync504KeepsTheTaskIDWhileTheRunGoesOn(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name   string
+		answer func(req runTaskBody) string
+		sameID bool
+	}{
+		{"still running", func(req runTaskBody) string {
+			return `{"error":"deadline exceeded; task ` + req.TaskID + ` is still running"}`
+		}, true},
+		{"failed while queued", func(req runTaskBody) string { return failedView(req, "deadline exceeded while queued") }, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var mu sync.Mutex
+			var ids []string
+			f, times := attemptTimes(t, func(w http.ResponseWriter, req runTaskBody, nth int) {
+				mu.Lock()
+				ids = append(ids, req.TaskID)
+				mu.Unlock()
+				if nth == 0 {
+					w.WriteHeader(http.StatusGatewayTimeout)
+					_, _ = w.Write([]byte(tt.answer(req)))
+					return
+				}
+				_, _ = w.Write([]byte(completed(req)))
+			})
+			cfg := setup(t, f, taskLines(1))
+			cfg.RetryDelay = 100 * time.Millisecond
+			s := run(t, cfg)
+			checkOutput(t, cfg.Output, 1)
+			at := times()
+			mu.Lock()
+			defer mu.Unlock()
+			if len(ids) != 2 {
+				t.Fatalf("task ids %v, want two requests", ids)
+			}
+			if same := ids[0] == ids[1]; same != tt.sameID {
+				t.Errorf("after the 504 the line was issued as %s, first as %s; want the same id: %v", ids[1], ids[0], tt.sameID)
+			}
+			if gap := at[1].Sub(at[0]); gap < cfg.RetryDelay {
+				t.Errorf("issued again %v after the 504, want at least the retry delay %v", gap, cfg.RetryDelay)
+			}
+			if s.Completed != 1 || s.Reissued != 1 {
+				t.Errorf("summary %+v", s)
+			}
+		})
+	}
+}
+
+// A run that stays past its deadline answers 504 "still running" to every attach: the
+// item spends its attempts, all under the one id, and is rejected with the reason.
+func TestSync504ForARunThatNeverEndsIsRejected(t *testing.T) {
+	t.Parallel()
+	f := newFakeDispatcher(t, func(_ context.Context, req runTaskBody, line, _ int) (int, string) {
+		if line == 2 {
+			return http.StatusGatewayTimeout, `{"error":"deadline exceeded; task ` + req.TaskID + ` is still running"}`
+		}
+		return http.StatusOK, ""
+	})
+	cfg := setup(t, f, taskLines(3))
+	cfg.MaxAttempts = 3
+	s := run(t, cfg)
+	checkOutput(t, cfg.Output, 3, 2)
+	reqs := f.requests(2)
+	if len(reqs) != 3 || reqs[1].TaskID != reqs[0].TaskID || reqs[2].TaskID != reqs[0].TaskID {
+		t.Errorf("line 2 was submitted as %v; want three times under one id", reqs)
+	}
+	rej := readLines(t, cfg.Output+".rejected.jsonl")
+	if len(rej) != 1 || !strings.Contains(rej[0], "3 attempts") || !strings.Contains(rej[0], "still running") {
+		t.Errorf("rejected file: %q", rej)
+	}
+	if s.Rejected != 1 || s.Completed != 2 {
+		t.Errorf("summary %+v", s)
 	}
 }
