@@ -172,7 +172,13 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 	start := time.Now()
 	j.log.Info().Str("job_id", j.cp.JobID).Int64("start_line", j.cp.Lines+1).Str("order", string(cfg.Order)).Msg("batch job started")
 	err = j.loop(ctx)
-	if cerr := j.checkpoint(); err == nil {
+	if cerr := j.checkpoint(); cerr != nil {
+		// A failed checkpoint is the news whatever stopped the job: reported as only
+		// "interrupted" (context.Canceled), it tells the caller the written lines are
+		// checkpointed when they are not.
+		if err != nil {
+			cerr = fmt.Errorf("%w (while stopping: %v)", cerr, err)
+		}
 		err = cerr
 	}
 	if j.bar != nil {

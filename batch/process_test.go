@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // buildBatch compiles cmd/batch into a temp dir: the process tests run the real binary.
@@ -133,5 +134,75 @@ func TestBadFlagValueExits2(t *testing.T) {
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != 2 {
 		t.Errorf("--order random: %v, want exit status 2\n%s", err, out)
+	}
+}
+
+// Ctrl-C (SIGINT) stops the job: the lines written are checkpointed, the exit status
+// is 130 and the message says to run the command again. When that last checkpoint
+// fails, the message must not say the lines are checkpointed: the job exits 1 with the
+// checkpoint's error (it was swallowed behind "interrupted").
+func TestInterrupt(t *testing.T) {
+	t.Parallel()
+	bin := buildBatch(t)
+	for _, tt := range []struct {
+		name           string
+		failCheckpoint bool
+		code           int
+		msg, notMsg    string
+		cpLines        int64 // lines the checkpoint counts after the stop
+	}{
+		{"checkpointed", false, 130, "checkpointed: run the same command again to resume", "", 1},
+		{"checkpoint fails", true, 1, "writing checkpoint", "checkpointed", 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFakeDispatcher(t, func(ctx context.Context, _ runTaskBody, line, _ int) (int, string) {
+				if line > 1 {
+					<-ctx.Done() // answered when the job lets go
+				}
+				return http.StatusOK, ""
+			})
+			cfg := setup(t, f, taskLines(5))
+			cp := cfg.Output + ".checkpoint"
+			// Only the fresh job's checkpoint and the one at the stop are written.
+			cmd := exec.Command(bin, "--dispatcher", f.srv.URL, "--input", cfg.Input, "--output", cfg.Output,
+				"--checkpoint-interval", "1h", "--concurrency", "1", "--order", "file", "--progress", "false", "--log-level", "error")
+			var stderr strings.Builder
+			cmd.Stderr = &stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer cmd.Process.Kill()
+			// One at a time in file order, line 2 is issued once line 1's answer is
+			// written (not checkpointed yet).
+			for want := 1; want <= 2; want++ {
+				select {
+				case <-f.arrivedCh:
+				case <-time.After(20 * time.Second):
+					t.Fatalf("line %d was not issued", want)
+				}
+			}
+			if tt.failCheckpoint {
+				// The checkpoint's temporary file cannot be created where a directory is.
+				if err := os.Mkdir(cp+".tmp", 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := cmd.Process.Signal(os.Interrupt); err != nil {
+				t.Fatal(err)
+			}
+			err := cmd.Wait()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != tt.code {
+				t.Errorf("exit: %v, want status %d\n%s", err, tt.code, stderr.String())
+			}
+			if !strings.Contains(stderr.String(), tt.msg) || (tt.notMsg != "" && strings.Contains(stderr.String(), tt.notMsg)) {
+				t.Errorf("stderr %q: want %q in it, and not %q", stderr.String(), tt.msg, tt.notMsg)
+			}
+			c, _, _ := loadCheckpoint(cp)
+			if c.Lines != tt.cpLines {
+				t.Errorf("the checkpoint counts %d lines, want %d", c.Lines, tt.cpLines)
+			}
+		})
 	}
 }
