@@ -64,6 +64,12 @@ type Config struct {
 	// newest read one (results waiting for an earlier line, and lines in flight or not
 	// issued yet). Reading stops when it is full. Default 10000.
 	MaxOutOfOrder int
+	// MaxWindowBytes bounds the memory those lines hold, which MaxOutOfOrder, counting
+	// lines, does not: input lines not yet answered (the line and its parameters) and
+	// answers waiting for an earlier line. When it is reached, reading stops and only
+	// the oldest unwritten line is issued, whose answer lets the window drain; the
+	// answers in flight (Concurrency) come on top. Default 256 MiB.
+	MaxWindowBytes int64
 	// MaxLineBytes is the longest input line; longer ones are rejected. Default 1 MiB,
 	// the dispatcher's body limit.
 	MaxLineBytes int
@@ -123,6 +129,9 @@ func (c Config) WithDefaults() Config {
 	defInt(&c.MaxOutOfOrder, 10000)
 	defInt(&c.Lookahead, max(1, c.MaxOutOfOrder/2))
 	defInt(&c.MaxLineBytes, 1<<20)
+	if c.MaxWindowBytes == 0 {
+		c.MaxWindowBytes = 256 << 20
+	}
 	def(&c.Fields.Label, "label")
 	def(&c.Fields.TaskType, "task_type")
 	def(&c.Fields.Parameters, "parameters")
@@ -172,6 +181,10 @@ func (c Config) validate() error {
 	positive("MaxOutOfOrder", int64(c.MaxOutOfOrder))
 	positive("LabelsAtOnce", int64(c.LabelsAtOnce))
 	positive("MaxLineBytes", int64(c.MaxLineBytes))
+	positive("MaxWindowBytes", c.MaxWindowBytes)
+	if c.MaxWindowBytes < int64(c.MaxLineBytes) {
+		bad("MaxWindowBytes (%d) must be at least MaxLineBytes (%d): the window must hold a line", c.MaxWindowBytes, c.MaxLineBytes)
+	}
 	positive("CheckpointInterval", int64(c.CheckpointInterval))
 	if c.Lookahead > c.MaxOutOfOrder {
 		bad("Lookahead (%d) must not exceed MaxOutOfOrder (%d): look-ahead lines are held in the same window", c.Lookahead, c.MaxOutOfOrder)

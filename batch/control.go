@@ -33,6 +33,7 @@ type Status struct {
 	Reissued         int64   `json:"reissued"`
 	InFlight         int64   `json:"in_flight"`
 	Window           int64   `json:"window"`
+	WindowBytes      int64   `json:"window_bytes"`
 	WorkTimeoutSecs  float64 `json:"work_timeout"`
 	ConcurrencyLimit int     `json:"concurrency"`
 }
@@ -101,6 +102,7 @@ func (j *job) status() Status {
 		Reissued:         j.st.reissued.Load(),
 		InFlight:         j.st.inFlight.Load(),
 		Window:           j.st.window.Load(),
+		WindowBytes:      j.st.windowBytes.Load(),
 		WorkTimeoutSecs:  time.Duration(j.timeout.Load()).Seconds(),
 		ConcurrencyLimit: j.cfg.Concurrency,
 	}

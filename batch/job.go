@@ -36,11 +36,13 @@ type Summary struct {
 	LabelMisses int64 `json:"label_misses"`
 	// Issued counts submissions, reissues included; Reissued those after a timeout or a
 	// failed answer.
-	Issued   int64   `json:"issued"`
-	Reissued int64   `json:"reissued"`
-	Seconds  float64 `json:"seconds"`
-	PerSec   float64 `json:"items_per_second"`
-	Order    Order   `json:"order"`
+	Issued   int64 `json:"issued"`
+	Reissued int64 `json:"reissued"`
+	// PeakWindowBytes is the most memory the window's lines held (MaxWindowBytes).
+	PeakWindowBytes int64   `json:"peak_window_bytes"`
+	Seconds         float64 `json:"seconds"`
+	PerSec          float64 `json:"items_per_second"`
+	Order           Order   `json:"order"`
 }
 
 // item is one input line on its way to the output. Owned by the run loop; attempt
@@ -68,6 +70,13 @@ type item struct {
 	done bool
 	out  []byte // the output line, newline included
 	rej  []byte // the rejected file's line, when rejected
+
+	held int64 // bytes counted in job.held for it
+}
+
+// size is what the item holds in memory now.
+func (it *item) size() int64 {
+	return int64(len(it.raw) + len(it.task.params) + len(it.task.id) + len(it.out) + len(it.rej))
 }
 
 // report is an attempt's outcome: the HTTP status and body, or err when no answer came.
@@ -95,6 +104,8 @@ type job struct {
 	rejW      *bufio.Writer
 	written   checkpoint // progress written (maybe not yet durable); cp is the durable one
 	win       []*item    // lines from the oldest unwritten one, in order
+	held      int64      // bytes the window's items hold (MaxWindowBytes)
+	peakHeld  int64      // the most held has been (Summary.PeakWindowBytes)
 	fifo      []*item    // the look-ahead pool in line order (issued ones skipped lazily)
 	byLabel   map[string][]*item
 	pending   int    // items in the pool
@@ -119,7 +130,7 @@ type job struct {
 // stats are counters the control server reads while the loop writes them.
 type stats struct {
 	lines, completed, rejected, misses, issued, reissued atomic.Int64
-	inFlight, window                                     atomic.Int64
+	inFlight, window, windowBytes                        atomic.Int64
 	nextLine                                             atomic.Int64
 }
 
@@ -189,7 +200,7 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 		JobID: j.cp.JobID, StartLine: j.written.Lines - j.st.lines.Load() + 1,
 		Lines: j.st.lines.Load(), Completed: j.st.completed.Load(), Rejected: j.st.rejected.Load(),
 		LabelMisses: j.st.misses.Load(), Issued: j.st.issued.Load(), Reissued: j.st.reissued.Load(),
-		Seconds: time.Since(start).Seconds(), Order: cfg.Order,
+		PeakWindowBytes: j.peakHeld, Seconds: time.Since(start).Seconds(), Order: cfg.Order,
 	}
 	if s.Seconds > 0 {
 		s.PerSec = float64(s.Lines) / s.Seconds
@@ -338,6 +349,7 @@ func (j *job) loop(ctx context.Context) error {
 		j.issue(ctx, now)
 		j.st.inFlight.Store(int64(len(j.inflight)))
 		j.st.window.Store(int64(len(j.win)))
+		j.st.windowBytes.Store(j.held)
 		timer.Reset(j.nextWake(now))
 		select {
 		case r := <-j.results:
@@ -397,9 +409,10 @@ func (j *job) nextWake(now time.Time) time.Duration {
 	return max(wake, 0)
 }
 
-// fill reads lines while the look-ahead pool and the window have room.
+// fill reads lines while the look-ahead pool and the window have room: in lines, and
+// in bytes (a line's size is known once it is read, so the last one may pass the bound).
 func (j *job) fill() error {
-	for !j.eof && j.pending < j.cfg.Lookahead && len(j.win) < j.cfg.MaxOutOfOrder {
+	for !j.eof && j.pending < j.cfg.Lookahead && len(j.win) < j.cfg.MaxOutOfOrder && (len(j.win) == 0 || j.held < j.cfg.MaxWindowBytes) {
 		raw, end, err := j.lr.next()
 		if err == io.EOF {
 			j.eof = true
@@ -420,6 +433,7 @@ func (j *job) fill() error {
 			j.reject(it, err.Error())
 			continue
 		}
+		j.account(it)
 		j.pending++
 		j.fifo = append(j.fifo, it)
 		if j.cfg.Order == OrderLabel {
@@ -475,6 +489,36 @@ func (j *job) pick(now time.Time) *item {
 	return j.popLabel(j.active[j.turn].label)
 }
 
+// pickHead takes the oldest unwritten line when it waits to be issued: with the window
+// full in bytes, its answer is the one that lets the window drain.
+func (j *job) pickHead(now time.Time) *item {
+	if len(j.win) == 0 {
+		return nil
+	}
+	h := j.win[0]
+	if h.done || h.inFlight {
+		return nil
+	}
+	if i := slices.Index(j.retry, h); i >= 0 {
+		if now.Before(h.notBefore) {
+			return nil
+		}
+		j.retry = slices.Delete(j.retry, i, i+1)
+		return h
+	}
+	if h.issued {
+		return nil // not reached: issued, neither done nor in flight, is in retry
+	}
+	if j.cfg.Order == OrderLabel {
+		// The oldest unwritten line is the first of its label's queue (queues are in
+		// line order, and hold only lines not issued).
+		return j.popLabel(h.task.label)
+	}
+	h.issued = true // the pool's fifo skips it
+	j.pending--
+	return h
+}
+
 // pass is a label being issued, up to its last line read when the pass began.
 type pass struct {
 	label string
@@ -506,7 +550,13 @@ func (j *job) issue(ctx context.Context, now time.Time) {
 		j.pausing = false
 	}
 	for j.running < j.cfg.Concurrency {
-		it := j.pick(now)
+		var it *item
+		if j.held < j.cfg.MaxWindowBytes {
+			it = j.pick(now)
+		} else {
+			// Any other line's answer would add to the window; the oldest's lets it drain.
+			it = j.pickHead(now)
+		}
 		if it == nil {
 			return
 		}
@@ -741,6 +791,15 @@ func (j *job) complete(it *item, a answer) {
 	j.st.completed.Add(1)
 	it.done, it.out = true, append(b, '\n')
 	it.raw, it.task.params = nil, nil
+	j.account(it)
+}
+
+// account brings held up to date with what it holds now.
+func (j *job) account(it *item) {
+	n := it.size()
+	j.held += n - it.held
+	it.held = n
+	j.peakHeld = max(j.peakHeld, j.held)
 }
 
 func validOrNil(b json.RawMessage) json.RawMessage {
@@ -758,6 +817,7 @@ func (j *job) reject(it *item, reason string) {
 	j.st.rejected.Add(1)
 	it.done, it.out, it.rej = true, append(out, '\n'), append(rej, '\n')
 	it.raw, it.task.params = nil, nil
+	j.account(it)
 }
 
 // flush writes the finished lines at the head of the window, in order.
@@ -777,6 +837,7 @@ func (j *job) flush() error {
 		}
 		j.written.Lines = it.line
 		j.written.InputOffset = it.end
+		j.held -= it.held
 		j.win[n] = nil
 		n++
 	}

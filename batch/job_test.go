@@ -501,9 +501,10 @@ func TestFreshJobRefusesExistingOutput(t *testing.T) {
 
 func TestConfigValidation(t *testing.T) {
 	t.Parallel()
-	cfg := Config{Input: "a", Output: "a", Order: "random", ControlAddr: "0.0.0.0:9000", Lookahead: 20, MaxOutOfOrder: 10}.WithDefaults()
+	cfg := Config{Input: "a", Output: "a", Order: "random", ControlAddr: "0.0.0.0:9000", Lookahead: 20, MaxOutOfOrder: 10, MaxWindowBytes: 1000, MaxLineBytes: 2000}.WithDefaults()
 	err := cfg.validate()
-	for _, want := range []string{"four different files", "Order must be", "ControlAddr must be a loopback", "Lookahead (20) must not exceed MaxOutOfOrder (10)"} {
+	for _, want := range []string{"four different files", "Order must be", "ControlAddr must be a loopback", "Lookahead (20) must not exceed MaxOutOfOrder (10)",
+		"MaxWindowBytes (1000) must be at least MaxLineBytes (2000)"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("validate: %v; want a message containing %q", err, want)
 		}
@@ -1025,4 +1026,76 @@ func TestSync504ForARunThatNeverEndsIsRejected(t *testing.T) {
 	if s.Rejected != 1 || s.Completed != 2 {
 		t.Errorf("summary %+v", s)
 	}
+}
+
+// MaxOutOfOrder counts lines, and a line can be large: an input line up to
+// MaxLineBytes (held twice, as read and as its parameters) until it is answered, an
+// answer of any size until the lines before it are written. The window is bounded in
+// bytes too. Big inputs: reading stops at the bound instead of filling the look-ahead.
+// Big answers behind a line that does not come back: issuing stops (but for that
+// line) instead of piling up the window's worth of answers.
+func TestWindowBoundedInBytes(t *testing.T) {
+	t.Parallel()
+	const bound, big = 256 << 10, 16 << 10
+	t.Run("big inputs", func(t *testing.T) {
+		t.Parallel()
+		f := newFakeDispatcher(t, nil)
+		lines := make([]string, 100)
+		for i := range lines {
+			lines[i] = fmt.Sprintf(`{"label":"a","task_type":"sample_task","parameters":{"n":%d,"pad":%q}}`, i+1, strings.Repeat("x", big))
+		}
+		cfg := setup(t, f, lines)
+		cfg.MaxWindowBytes, cfg.MaxOutOfOrder, cfg.Lookahead, cfg.MaxLineBytes = bound, 100, 50, 2*big
+		s := run(t, cfg)
+		checkOutput(t, cfg.Output, len(lines))
+		// Reading stops at the bound; the line that crosses it is the last one read.
+		if limit := int64(bound + 2*big + 1024); s.PeakWindowBytes > limit || s.PeakWindowBytes < bound {
+			t.Errorf("the window held up to %d bytes; want between the bound %d and %d", s.PeakWindowBytes, bound, limit)
+		}
+	})
+	t.Run("big answers", func(t *testing.T) {
+		t.Parallel()
+		release := make(chan struct{})
+		f := newFakeDispatcher(t, func(ctx context.Context, req runTaskBody, line, _ int) (int, string) {
+			if line == 1 {
+				select { // holds the window until the job has done all it will without it
+				case <-release:
+				case <-ctx.Done():
+				}
+			}
+			b, _ := json.Marshal(map[string]any{"task_id": req.TaskID, "status": "completed", "worker_id": "w1",
+				"result": map[string]any{"echo": req.ParametersJSON, "pad": strings.Repeat("y", big)}})
+			return http.StatusOK, string(b)
+		})
+		cfg := setup(t, f, taskLines(150))
+		cfg.MaxWindowBytes, cfg.MaxOutOfOrder, cfg.MaxLineBytes = bound, 100, 1024
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.ControlListener = ln
+		done := make(chan Summary, 1)
+		go func() { done <- run(t, cfg) }()
+		// Quiet: only line 1 in flight, and nothing more to issue without it (the
+		// window full, in bytes or, without the bound, in lines).
+		waitFor(t, "the job to issue all it will while line 1 holds the window", func() bool {
+			resp, err := http.Get("http://" + ln.Addr().String() + "/status")
+			if err != nil {
+				return false
+			}
+			defer resp.Body.Close()
+			var st Status
+			return json.NewDecoder(resp.Body).Decode(&st) == nil && st.Issued > 1 && st.InFlight == 1
+		})
+		f.mu.Lock()
+		issued := len(f.reqs)
+		f.mu.Unlock()
+		close(release)
+		s := <-done
+		checkOutput(t, cfg.Output, 150)
+		// Answers of lines in flight when the bound is reached still come in.
+		if limit := int64(bound + cfg.Concurrency*(big+1024)); s.PeakWindowBytes > limit {
+			t.Errorf("the window held up to %d bytes (%d lines issued while line 1 held it); want at most %d", s.PeakWindowBytes, issued, limit)
+		}
+	})
 }

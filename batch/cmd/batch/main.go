@@ -53,6 +53,7 @@ func run() (int, error) {
 	fs.IntVar(&cfg.Lookahead, "lookahead", 0, "read but not yet issued lines the label order chooses from (0: half of --max-out-of-order)")
 	fs.IntVar(&cfg.LabelsAtOnce, "labels-at-once", 3, "label passes issued in turn (well under the labels the fleet holds at once)")
 	fs.IntVar(&cfg.MaxOutOfOrder, "max-out-of-order", 10000, "lines held from the oldest unwritten one to the newest read one; reading stops when full")
+	fs.Int64Var(&cfg.MaxWindowBytes, "max-window-bytes", 256<<20, "memory the held lines may take: unanswered input lines and answers waiting for an earlier line; reading and issuing (but the oldest line) stop when full")
 	fs.IntVar(&cfg.MaxLineBytes, "max-line-bytes", 1<<20, "longer input lines are rejected")
 	fs.StringVar(&cfg.Fields.Label, "label-field", "label", "input field holding the label")
 	fs.StringVar(&cfg.Fields.TaskType, "task-type-field", "task_type", "input field holding the task type")
