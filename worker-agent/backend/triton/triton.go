@@ -15,6 +15,9 @@
 //     unload starts, followed by polling the index until the model has left UNLOADING
 //     (UNAVAILABLE or absent), all under UnloadTimeout: only then is its memory free.
 //   - Loads and unloads of one model never overlap.
+//   - Index reads, unloads and inferences (but those of a sequence) may be sent twice,
+//     so Go's transport resends them when a kept-alive connection turns out closed; a
+//     load never is, and goes out on a new connection.
 //   - Any non-2xx answer is a failure carrying Triton's {"error": "..."} message, since
 //     servers before late 2023 answer 400 for almost everything.
 //
@@ -106,7 +109,8 @@ type Config struct {
 	// index) is read; a larger answer is a failure. Zero means 32 MiB.
 	MaxAnswerSize int64
 	// Client sends the requests. Nil means a client of its own with no overall timeout
-	// (every call is bounded by its context).
+	// (every call is bounded by its context), which sends each load on a connection of
+	// its own (see Backend.loadClient).
 	Client *http.Client
 	// Log receives the backend's records. The zero logger writes nothing.
 	Log zerolog.Logger
@@ -199,7 +203,13 @@ type Backend struct {
 	cfg    Config
 	base   string // URL without a trailing slash
 	client *http.Client
-	log    zerolog.Logger
+	// loadClient sends loads. A load cannot be sent again when its connection drops
+	// before the answer (a second load of a model still loading loads it twice,
+	// TRITON.md), so it must not go out on a kept-alive connection Triton or a proxy
+	// may have closed meanwhile: ours opens a new one for each load, a small cost next
+	// to a load's seconds. A caller's Client is used as it is.
+	loadClient *http.Client
+	log        zerolog.Logger
 
 	mu     sync.Mutex
 	models map[string]*modelOps // per model, created on first use
@@ -234,17 +244,22 @@ func New(cfg Config) (*Backend, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	client := cfg.Client
+	client, loadClient := cfg.Client, cfg.Client
 	if client == nil {
-		client = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		client = &http.Client{Transport: t}
+		lt := t.Clone()
+		lt.DisableKeepAlives = true
+		loadClient = &http.Client{Transport: lt}
 	}
 	return &Backend{
-		cfg:    cfg,
-		base:   strings.TrimRight(cfg.URL, "/"),
-		client: client,
-		log:    cfg.Log,
-		models: make(map[string]*modelOps),
-		loaded: make(map[string]bool),
+		cfg:        cfg,
+		base:       strings.TrimRight(cfg.URL, "/"),
+		client:     client,
+		loadClient: loadClient,
+		log:        cfg.Log,
+		models:     make(map[string]*modelOps),
+		loaded:     make(map[string]bool),
 	}, nil
 }
 
@@ -334,7 +349,7 @@ func (b *Backend) Health(ctx context.Context) error {
 }
 
 func (b *Backend) live(ctx context.Context) error {
-	_, err := b.call(ctx, OpLive, "", http.MethodGet, "/v2/health/live", nil)
+	_, err := b.call(ctx, OpLive, "", http.MethodGet, "/v2/health/live", nil, true)
 	return err
 }
 
@@ -347,7 +362,7 @@ type indexEntry struct {
 }
 
 func (b *Backend) index(ctx context.Context) ([]indexEntry, error) {
-	body, err := b.call(ctx, OpIndex, "", http.MethodPost, "/v2/repository/index", []byte(`{}`))
+	body, err := b.call(ctx, OpIndex, "", http.MethodPost, "/v2/repository/index", []byte(`{}`), true)
 	if err != nil {
 		return nil, err
 	}
@@ -531,7 +546,7 @@ func (b *Backend) awaitIndex(ctx context.Context, pending func([]indexEntry) str
 }
 
 func (b *Backend) load(ctx context.Context, label string) error {
-	_, err := b.call(ctx, OpLoad, label, http.MethodPost, "/v2/repository/models/"+url.PathEscape(label)+"/load", nil)
+	_, err := b.call(ctx, OpLoad, label, http.MethodPost, "/v2/repository/models/"+url.PathEscape(label)+"/load", nil, false)
 	return err
 }
 
@@ -552,7 +567,9 @@ func (b *Backend) Unload(ctx context.Context, label string) error {
 }
 
 func (b *Backend) unload(ctx context.Context, label string) error {
-	if _, err := b.call(ctx, OpUnload, label, http.MethodPost, "/v2/repository/models/"+url.PathEscape(label)+"/unload", nil); err != nil {
+	// Sent again as often as need be: Triton answers an unload of a model unloading or
+	// not loaded with 200.
+	if _, err := b.call(ctx, OpUnload, label, http.MethodPost, "/v2/repository/models/"+url.PathEscape(label)+"/unload", nil, true); err != nil {
 		return err
 	}
 	state, err := b.awaitIndex(ctx, func(entries []indexEntry) string { return heldState(entries, label) }, nil)
@@ -622,15 +639,19 @@ func (b *Backend) runInfer(ctx context.Context, task backend.Task) ([]byte, erro
 	if binary {
 		return nil, errors.New("infer: binary_data outputs are not supported: the result must be JSON")
 	}
-	return b.infer(ctx, task.Label, task.Params)
+	// An inference is a read, safe to send twice, unless it belongs to a sequence: a
+	// stateful model would advance the sequence twice.
+	_, sequence := req.Parameters["sequence_id"]
+	return b.infer(ctx, task.Label, task.Params, !sequence)
 }
 
-// infer posts an infer request. When Triton says the model is not there although this
-// backend loaded it (Triton restarted, or someone unloaded it behind our back), it loads
-// the model again and retries once; the reload counts in the task's run time.
-func (b *Backend) infer(ctx context.Context, label string, body []byte) ([]byte, error) {
+// infer posts an infer request, which the transport may send again when replayable
+// (see call). When Triton says the model is not there although this backend loaded it
+// (Triton restarted, or someone unloaded it behind our back), it loads the model again
+// and retries once; the reload counts in the task's run time.
+func (b *Backend) infer(ctx context.Context, label string, body []byte, replayable bool) ([]byte, error) {
 	path := "/v2/models/" + url.PathEscape(label) + "/infer"
-	out, err := b.call(ctx, OpInfer, label, http.MethodPost, path, body)
+	out, err := b.call(ctx, OpInfer, label, http.MethodPost, path, body, replayable)
 	var te *Error
 	if err == nil || !errors.As(err, &te) || te.StatusCode == 0 || te.StatusCode >= 500 && te.StatusCode != 503 {
 		return out, err
@@ -643,7 +664,7 @@ func (b *Backend) infer(ctx context.Context, label string, body []byte) ([]byte,
 	}
 	// 404 (unknown), 503 (unavailable) or, from an old server, 400 for anything: ask
 	// whether the model is ready before blaming the request.
-	if _, rerr := b.call(ctx, "ready", label, http.MethodGet, "/v2/models/"+url.PathEscape(label)+"/ready", nil); rerr == nil || !errors.As(rerr, &te) || te.StatusCode == 0 {
+	if _, rerr := b.call(ctx, "ready", label, http.MethodGet, "/v2/models/"+url.PathEscape(label)+"/ready", nil, true); rerr == nil || !errors.As(rerr, &te) || te.StatusCode == 0 {
 		return nil, err
 	}
 	b.log.Warn().Err(err).Str("label", label).Msg("triton lost a loaded model; loading it again")
@@ -660,7 +681,7 @@ func (b *Backend) infer(ctx context.Context, label string, body []byte) ([]byte,
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
-	return b.call(ctx, OpInfer, label, http.MethodPost, path, body)
+	return b.call(ctx, OpInfer, label, http.MethodPost, path, body, replayable)
 }
 
 // embedResult is what embed_texts returns. The numbers are Triton's, as it wrote them.
@@ -688,7 +709,7 @@ func (b *Backend) runEmbed(ctx context.Context, task backend.Task) ([]byte, erro
 	if err != nil {
 		return nil, err
 	}
-	body, err := b.infer(ctx, task.Label, req)
+	body, err := b.infer(ctx, task.Label, req, true)
 	if err != nil {
 		return nil, err
 	}
@@ -780,8 +801,13 @@ func flattenNumbers(v any, out []json.Number) ([]json.Number, error) {
 }
 
 // call sends one request and returns the body of a 2xx answer, or an *Error carrying
-// Triton's message for any other status.
-func (b *Backend) call(ctx context.Context, op, model, method, path string, body []byte) (_ []byte, err error) {
+// Triton's message for any other status. Loads go through loadClient.
+//
+// A replayable request is one Triton may receive twice to no harm. Go's transport then
+// sends it again by itself, on a new connection, when a kept-alive connection turns out
+// closed before any answer (Triton's or a proxy's idle timeout); otherwise it does that
+// only for GET and HEAD, and the first call after an idle spell failed.
+func (b *Backend) call(ctx context.Context, op, model, method, path string, body []byte, replayable bool) (_ []byte, err error) {
 	if b.cfg.OnError != nil {
 		defer func() {
 			if err != nil {
@@ -800,7 +826,16 @@ func (b *Backend) call(ctx context.Context, op, model, method, path string, body
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	resp, err := b.client.Do(req)
+	if replayable {
+		// The transport's mark of an idempotent request; nil, it is not sent
+		// (net/http's Transport documentation).
+		req.Header["Idempotency-Key"] = nil
+	}
+	client := b.client
+	if op == OpLoad {
+		client = b.loadClient
+	}
+	resp, err := client.Do(req)
 	if err != nil {
 		var dial *net.OpError
 		if errors.As(err, &dial) && dial.Op == "dial" { // nothing was sent
@@ -841,5 +876,8 @@ func errorMessage(code int, raw []byte) string {
 	return http.StatusText(code)
 }
 
-// CloseIdleConnections closes the client's idle keep-alive connections.
-func (b *Backend) CloseIdleConnections() { b.client.CloseIdleConnections() }
+// CloseIdleConnections closes the clients' idle keep-alive connections.
+func (b *Backend) CloseIdleConnections() {
+	b.client.CloseIdleConnections()
+	b.loadClient.CloseIdleConnections()
+}
