@@ -102,7 +102,11 @@ func (l *labelLease) lost() {
 	m.loads.Add(1)
 	go func() {
 		defer m.loads.Done()
-		m.evict(l.label, "")
+		if _, err := m.evict(l.label, ""); err != nil {
+			m.mu.Lock()
+			m.keepLocked(l.label)
+			m.mu.Unlock()
+		}
 	}()
 }
 
@@ -264,6 +268,9 @@ func (m *labelManager) awaitLoad(ctx context.Context, label string, e *labelEntr
 	case <-e.done:
 		info.wait = time.Since(start)
 		if e.err != nil {
+			if errors.As(e.err, new(*evictError)) {
+				info.evicted = "" // it is still loaded; confirmKept tells the dispatcher
+			}
 			return nil, info, e.err
 		}
 		m.mu.Lock()
@@ -335,7 +342,22 @@ func (m *labelManager) load(label string, e *labelEntry, victim string, task tas
 	defer m.loads.Done()
 	var unloadDur time.Duration
 	if victim != "" {
-		unloadDur = m.evict(victim, label)
+		var err error
+		if unloadDur, err = m.evict(victim, label); err != nil {
+			// The victim still holds the room this load was to use: loading anyway
+			// would hold one label more than capacity. Like a load that never reached
+			// the backend, it is not the label's failure; the task runs elsewhere.
+			m.mu.Lock()
+			e.err = &loadError{label: label, err: &evictError{label: victim, err: err}}
+			delete(m.entries, label)
+			m.emit(&pb.LabelEvent{Kind: pb.LabelEvent_KIND_EVICTED, Label: label})
+			m.keepLocked(victim)
+			close(e.done)
+			m.mu.Unlock()
+			m.log.Warn().Err(err).Str("event", "label_load_failed").Str("task_id", task.id).
+				Str("label", label).Str("evict_label", victim).Msg("label not loaded: no room, the label to evict could not be unloaded")
+			return
+		}
 	}
 
 	m.mu.Lock()
@@ -381,23 +403,60 @@ func (m *labelManager) load(label string, e *labelEntry, victim string, task tas
 
 // evict unloads label, which has left entries for unloading, and tells the dispatcher
 // it is gone. forLabel is the label whose load it makes room for, if any.
-func (m *labelManager) evict(label, forLabel string) time.Duration {
+//
+// When the unload fails and the backend may still hold the label (any error but
+// backend.ErrUnloading), it returns that error and leaves label in unloading; the
+// caller must then call keepLocked.
+func (m *labelManager) evict(label, forLabel string) (time.Duration, error) {
 	start := time.Now()
 	err := m.backend.Unload(m.ctx, label)
 	d := time.Since(start)
-	if err != nil {
-		// The label is gone from our books either way; a real shortage of room
-		// shows up as a failed load.
-		m.log.Error().Err(err).Str("label", label).Msg("unload failed")
+	if err != nil && !errors.Is(err, backend.ErrUnloading) {
+		m.log.Error().Err(err).Str("label", label).Str("for_label", forLabel).Float64("unload_ms", millis(d)).
+			Msg("unload failed; the label stays counted as loaded")
+		return d, err
 	}
 	m.mu.Lock()
 	delete(m.unloading, label)
 	m.emit(&pb.LabelEvent{Kind: pb.LabelEvent_KIND_EVICTED, Label: label, DurationUs: d.Microseconds()})
 	m.broadcastLocked()
 	m.mu.Unlock()
-	m.log.Debug().Str("label", label).Str("for_label", forLabel).Float64("unload_ms", millis(d)).Msg("label evicted")
-	return d
+	switch {
+	case err != nil:
+		// Under way: the backend's next load waits until the room is free.
+		m.log.Warn().Err(err).Str("label", label).Str("for_label", forLabel).Float64("unload_ms", millis(d)).
+			Msg("unload not finished; the label is dropped")
+	default:
+		m.log.Debug().Str("label", label).Str("for_label", forLabel).Float64("unload_ms", millis(d)).Msg("label evicted")
+	}
+	return d, nil
 }
+
+// keepLocked puts back label, whose unload failed, as loaded and unused: the backend
+// may still hold it, so it goes on counting against capacity, and a later eviction
+// tries again. The dispatcher is not told it is gone.
+func (m *labelManager) keepLocked(label string) {
+	delete(m.unloading, label)
+	done := make(chan struct{})
+	close(done)
+	m.entries[label] = &labelEntry{loaded: true, done: done}
+	// Most recently used, so that the next eviction tries the other labels first
+	// rather than fail on this one again.
+	m.recency.Add(label, struct{}{})
+	m.broadcastLocked()
+}
+
+// evictError is a load that did not happen because the label it was to replace could
+// not be unloaded.
+type evictError struct {
+	label string
+	err   error
+}
+
+func (e *evictError) Error() string {
+	return fmt.Sprintf("no room: unloading %q to make room failed: %v", e.label, e.err)
+}
+func (e *evictError) Unwrap() error { return e.err }
 
 // loadError is a label load that failed; the task's result says so (load_failed), so
 // that the dispatcher runs the task elsewhere.

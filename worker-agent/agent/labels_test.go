@@ -242,3 +242,53 @@ func TestNotLoadableLabel(t *testing.T) {
 		t.Errorf("acquire = %v, want errNotLoadable", err)
 	}
 }
+
+// An unload that fails may leave the label in memory. Forgotten, its room was handed
+// to the next load and the backend held one label more than capacity. It must stay
+// counted as held, be no room for another label, and be unloaded by a later eviction.
+// Both ways a label leaves: evicted to make room, and lost (Run said ErrNotLoaded).
+func TestFailedUnloadKeepsTheLabelCounted(t *testing.T) {
+	t.Parallel()
+	refused := errors.New("unload refused")
+	var fail sync.Map // label -> struct{}: its unloads fail
+	fake := backendtest.New()
+	fake.OnUnload = func(_ context.Context, label string) error {
+		if _, ok := fail.Load(label); ok {
+			return refused
+		}
+		return nil
+	}
+	m, events := labelSetup(t, 1, fake)
+	fail.Store("a", struct{}{})
+	l, _ := mustAcquire(t, m, "a", "")
+	l.release()
+
+	_, info, err := m.acquire(t.Context(), "b", "a", taskRef{id: "t-b"})
+	var le *loadError
+	if !errors.As(err, &le) || !errors.Is(err, refused) || info.evicted != "" {
+		t.Fatalf("acquire b = %v, %+v; want a load error saying a could not be unloaded, nothing evicted", err, info)
+	}
+	if got := m.held(); !slices.Equal(got, []string{"a"}) || fake.Loads("b") != 0 {
+		t.Fatalf("held %q after %d loads of b, want a and none", got, fake.Loads("b"))
+	}
+	l, info = mustAcquire(t, m, "a", "")
+	if info.miss {
+		t.Fatalf("acquire a %+v, want a hit on the label kept", info)
+	}
+	l.lost() // the backend lost a, and its unload fails again
+	m.wait()
+	if got := m.held(); !slices.Equal(got, []string{"a"}) {
+		t.Fatalf("held %q after a lost label's unload failed, want a", got)
+	}
+
+	fail.Delete("a")
+	l, info = mustAcquire(t, m, "b", "")
+	l.release()
+	if info.evicted != "a" {
+		t.Fatalf("acquire b %+v, want a evicted", info)
+	}
+	want := []string{"LOADING a", "LOADED a", "EVICTED b", "EVICTED a", "LOADING b", "LOADED b"}
+	if got := events(); !slices.Equal(got, want) {
+		t.Errorf("events %q, want %q", got, want)
+	}
+}

@@ -1,12 +1,18 @@
 package agent_test
 
 import (
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"slices"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	pb "github.com/smartroute/smartroute/proto/smartroutev1"
 	"github.com/smartroute/smartroute/worker-agent/agent"
+	"github.com/smartroute/smartroute/worker-agent/backend/triton"
 	"github.com/smartroute/smartroute/worker-agent/backend/triton/fake"
 )
 
@@ -112,4 +118,72 @@ func count(events []string, ev string) int {
 		}
 	}
 	return n
+}
+
+// Triton fails to unload the label the agent evicts (an internal error, say): the model
+// stays in memory. The agent dropped the label from its books anyway, told the
+// dispatcher it was gone, and loaded the next label into room that was never freed:
+// Triton held one model more than MaxLabels. The label must stay counted as held, the
+// new label's task must run elsewhere (load_failed, not counted against that label),
+// and a later eviction must try the unload again.
+func TestTritonFailedUnloadKeepsTheLabel(t *testing.T) {
+	t.Parallel()
+	f := fake.New(fake.Config{Models: []string{"a", "b"}, Preload: []string{"a"}})
+	var failUnloads atomic.Bool
+	failUnloads.Store(true)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if failUnloads.Load() && strings.HasSuffix(r.URL.Path, "/unload") {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusInternalServerError)
+			_, _ = io.WriteString(w, `{"error":"failed to unload 'a': internal error"}`)
+			return
+		}
+		f.ServeHTTP(w, r)
+	}))
+	t.Cleanup(func() {
+		f.Close()
+		srv.Close()
+	})
+	h := setup(t, func(h *harness) {
+		h.cfg.BackendName = triton.Name
+		h.cfg.Triton = triton.Config{URL: srv.URL, PollInterval: time.Millisecond}
+		h.cfg.MaxLabels = 1
+	})
+	p := h.connect()
+
+	p.assign(&pb.TaskAssignment{TaskId: "t1", TaskType: "infer", Label: "b", EvictLabel: "a", ParametersJson: []byte(inferParams)})
+	r := p.result()
+	if r.GetOk() || !r.GetLoadFailed() || r.GetRefused() || r.GetEvictedLabel() != "" || !strings.Contains(r.GetError(), "internal error") {
+		t.Fatalf("t1 %v, want load_failed saying a could not be unloaded", r)
+	}
+	if got := f.Loaded(); !slices.Equal(got, []string{"a"}) || f.LoadRequests("b") != 0 {
+		t.Fatalf("Triton holds %q after %d load requests of b, want a alone and none", got, f.LoadRequests("b"))
+	}
+	// The dispatcher dropped a from its view when it named it for eviction; after the
+	// result the agent says it holds a still, and never that a is gone.
+	for !slices.Contains(p.eventKinds(), "LOADED a") {
+		env := p.read()
+		if env.GetLabelEvent() == nil {
+			t.Fatalf("got %v, want LOADED a", env)
+		}
+		p.events = append(p.events, env.GetLabelEvent())
+	}
+	if got := p.eventKinds(); slices.Contains(got, "EVICTED a") || slices.Contains(got, "LOAD_FAILED b") {
+		t.Fatalf("label events %q: a is not gone, and b's load did not fail", got)
+	}
+	if r := runTyped(p, "t2", "infer", "a", inferParams); !r.GetOk() || r.GetLabelMiss() {
+		t.Fatalf("t2 %v, want ok on a, still held", r)
+	}
+
+	failUnloads.Store(false) // the next eviction tries again, and it works
+	p.assign(&pb.TaskAssignment{TaskId: "t3", TaskType: "infer", Label: "b", EvictLabel: "a", ParametersJson: []byte(inferParams)})
+	if r := p.result(); !r.GetOk() || r.GetEvictedLabel() != "a" {
+		t.Fatalf("t3 %v, want ok after evicting a", r)
+	}
+	if got := f.Loaded(); !slices.Equal(got, []string{"b"}) {
+		t.Fatalf("Triton holds %q, want b", got)
+	}
+	if err := h.stop(p); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
 }

@@ -25,7 +25,9 @@ type Backend interface {
 	// Load makes label ready to run tasks. Loading a label already loaded is a no-op.
 	Load(ctx context.Context, label string) error
 	// Unload frees what label holds. Unloading a label not loaded is a no-op; when
-	// Unload returns, the room is free for another Load.
+	// Unload returns nil, the room is free for another Load. An error may leave the
+	// label loaded, and the agent goes on counting it as held, unless it wraps
+	// ErrUnloading.
 	Unload(ctx context.Context, label string) error
 	// Run executes one task on a loaded label and returns its result (JSON for the
 	// built-in backends).
@@ -69,3 +71,9 @@ var ErrUnavailable = errors.New("backend unavailable")
 // model, in a restart, and could not load it again). The agent then drops the label,
 // as if evicted, and reports the task's label as failed to load.
 var ErrNotLoaded = errors.New("label not loaded")
+
+// ErrUnloading is wrapped by the error of an Unload that started the unload but did
+// not see it end (Triton kept the model UNLOADING past the unload timeout): the label
+// runs no more tasks and its room is on its way to being free, so the agent drops it,
+// and the backend's next Load must wait until that room is free.
+var ErrUnloading = errors.New("unload under way")

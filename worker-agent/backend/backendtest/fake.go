@@ -18,6 +18,9 @@ import (
 type Fake struct {
 	// OnLoad, when set, runs inside Load; its error fails the load.
 	OnLoad func(ctx context.Context, label string) error
+	// OnUnload, when set, runs inside Unload; its error fails the unload and leaves
+	// the label loaded.
+	OnUnload func(ctx context.Context, label string) error
 	// OnRun, when set, produces Run's answer; nil echoes the task id and label as JSON.
 	OnRun func(ctx context.Context, task backend.Task) ([]byte, error)
 	// Inv is what Inventory reports.
@@ -104,10 +107,9 @@ func (f *Fake) occupiedLocked() int {
 	return n
 }
 
-// Unload marks the label not loaded.
-func (f *Fake) Unload(_ context.Context, label string) error {
+// Unload runs OnUnload and marks the label not loaded when it succeeds.
+func (f *Fake) Unload(ctx context.Context, label string) error {
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	if f.running[label] > 0 {
 		f.violate("unload of %q while %d task(s) run on it", label, f.running[label])
 	}
@@ -115,7 +117,15 @@ func (f *Fake) Unload(_ context.Context, label string) error {
 		f.violate("unload of %q while another operation on it is under way", label)
 	}
 	f.unloads = append(f.unloads, label)
+	f.mu.Unlock()
+	if f.OnUnload != nil {
+		if err := f.OnUnload(ctx, label); err != nil {
+			return err
+		}
+	}
+	f.mu.Lock()
 	delete(f.loaded, label)
+	f.mu.Unlock()
 	return nil
 }
 

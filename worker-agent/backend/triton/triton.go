@@ -14,6 +14,8 @@
 //   - Unload is POST /v2/repository/models/{m}/unload, which returns as soon as the
 //     unload starts, followed by polling the index until the model has left UNLOADING
 //     (UNAVAILABLE or absent), all under UnloadTimeout: only then is its memory free.
+//     An unload Triton took but that has not ended fails with backend.ErrUnloading;
+//     any other failure may leave the model loaded, and it stays this backend's.
 //   - Loads and unloads of one model never overlap.
 //   - Index reads, unloads and inferences (but those of a sequence) may be sent twice,
 //     so Go's transport resends them when a kept-alive connection turns out closed; a
@@ -551,7 +553,10 @@ func (b *Backend) load(ctx context.Context, label string) error {
 }
 
 // Unload starts unloading label and waits until the index shows it has left UNLOADING,
-// bounded by UnloadTimeout. Unloading a model that is not loaded is a no-op.
+// bounded by UnloadTimeout. Unloading a model that is not loaded is a no-op. An error
+// wraps backend.ErrUnloading when Triton took the unload but it has not ended yet (the
+// next Load waits for it); otherwise the model may still be loaded, and stays this
+// backend's to load again if Triton loses it.
 func (b *Backend) Unload(ctx context.Context, label string) error {
 	b.mu.Lock()
 	m := b.ops(label)
@@ -562,8 +567,11 @@ func (b *Backend) Unload(ctx context.Context, label string) error {
 		return fmt.Errorf("triton unload %q: waiting for the operation under way: %w", label, err)
 	}
 	defer m.release()
-	b.setLoaded(label, false)
-	return b.unload(ctx, label)
+	err := b.unload(ctx, label)
+	if err == nil || errors.Is(err, backend.ErrUnloading) {
+		b.setLoaded(label, false)
+	}
+	return err
 }
 
 func (b *Backend) unload(ctx context.Context, label string) error {
@@ -572,6 +580,7 @@ func (b *Backend) unload(ctx context.Context, label string) error {
 	if _, err := b.call(ctx, OpUnload, label, http.MethodPost, "/v2/repository/models/"+url.PathEscape(label)+"/unload", nil, true); err != nil {
 		return err
 	}
+	// Triton took the unload: from here on it is under way, whatever the index says.
 	state, err := b.awaitIndex(ctx, func(entries []indexEntry) string { return heldState(entries, label) }, nil)
 	switch {
 	case err == nil:
@@ -580,9 +589,9 @@ func (b *Backend) unload(ctx context.Context, label string) error {
 		if state == "" {
 			state = "UNLOADING" // until the index says otherwise
 		}
-		return fmt.Errorf("triton unload %q: still %s: %w", label, state, ctx.Err())
+		return fmt.Errorf("triton unload %q: still %s: %w: %w", label, state, backend.ErrUnloading, ctx.Err())
 	}
-	return fmt.Errorf("triton unload %q: waiting for the unload to end: %w", label, err)
+	return fmt.Errorf("triton unload %q: waiting for the unload to end: %w: %w", label, backend.ErrUnloading, err)
 }
 
 // heldState is the state of a version of label that still holds memory (READY,

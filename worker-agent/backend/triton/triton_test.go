@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -293,8 +294,46 @@ func TestUnloadTimesOut(t *testing.T) {
 	})
 	defer x.fake.HoldUnloads("a")()
 	err := x.b.Unload(t.Context(), "a")
-	if err == nil || !strings.Contains(err.Error(), "still UNLOADING") {
-		t.Fatalf("Unload = %v, want a timeout saying the model is still UNLOADING", err)
+	if err == nil || !strings.Contains(err.Error(), "still UNLOADING") || !errors.Is(err, backend.ErrUnloading) {
+		t.Fatalf("Unload = %v, want a timeout saying the model is still UNLOADING (backend.ErrUnloading)", err)
+	}
+}
+
+// An unload Triton refuses leaves the model loaded: the agent goes on counting it as
+// held, so the backend must go on treating it as its own and load it again when Triton
+// loses it. It forgot it, and every task on the label failed with Triton's 404.
+func TestFailedUnloadKeepsTheModelOurs(t *testing.T) {
+	t.Parallel()
+	var failUnloads atomic.Bool
+	failUnloads.Store(true)
+	x := serve(t, fake.New(fake.Config{Models: []string{"m"}}), func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if failUnloads.Load() && strings.HasSuffix(r.URL.Path, "/unload") {
+				w.WriteHeader(http.StatusInternalServerError)
+				_, _ = w.Write([]byte(`{"error":"internal error"}`))
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	}, nil)
+	if err := x.b.Load(t.Context(), "m"); err != nil {
+		t.Fatal(err)
+	}
+	err := x.b.Unload(t.Context(), "m")
+	if err == nil || errors.Is(err, backend.ErrUnloading) {
+		t.Fatalf("Unload = %v, want a failure that is not backend.ErrUnloading", err)
+	}
+	failUnloads.Store(false)
+	events := x.fake.Subscribe()
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, x.srv.URL+"/v2/repository/models/m/unload", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	await(t, events, "unloaded m") // Triton lost it (a restart, say)
+	if _, err := x.b.Run(t.Context(), backend.Task{Type: triton.TaskInfer, Label: "m", Params: params}); err != nil {
+		t.Fatalf("Run = %v, want m loaded again", err)
 	}
 }
 
