@@ -50,7 +50,7 @@ var errShutdown = errors.New("worker shutting down")
 func Run(ctx context.Context, cfg Config) error {
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
-		return fmt.Errorf("invalid config: %w", err)
+		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	a, err := newAgent(cfg)
 	if err != nil {
@@ -118,7 +118,7 @@ func newAgent(cfg Config) (_ *agent, err error) {
 	}
 	tlsCfg, err := clientTLS(cfg.CAFile)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	logOut, ship := cfg.LogOutput, (*logship.Shipper)(nil)
 	if cfg.LogCollectorURL != "" { // tee every record into the shipper; it never blocks
@@ -126,7 +126,7 @@ func newAgent(cfg Config) (_ *agent, err error) {
 		ship, err = logship.New(logship.Config{URL: cfg.LogCollectorURL, WorkerID: cfg.WorkerID, Agent: "worker-agent " + Version,
 			Token: cfg.WorkerToken, TLS: tlsCfg, Logger: own})
 		if err != nil {
-			return nil, fmt.Errorf("LogCollectorURL: %w", err)
+			return nil, fmt.Errorf("%w: LogCollectorURL: %w", ErrConfig, err)
 		}
 		logOut = zerolog.MultiLevelWriter(cfg.LogOutput, ship)
 		defer func() {

@@ -37,6 +37,10 @@ const (
 	DefaultSendQueueSize     = 256
 )
 
+// ErrConfig is wrapped by Run's error for a config it refuses (cmd/worker-agent exits
+// 2 on it, as on a bad flag).
+var ErrConfig = errors.New("invalid config")
+
 // Config configures Run. Each field's comment says what its zero value means; call
 // WithDefaults to fill them in (Run does).
 type Config struct {

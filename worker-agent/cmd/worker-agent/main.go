@@ -31,6 +31,9 @@
 //	--metrics-addr     [METRICS_ADDR]     none: serve /metrics, /healthz and /readyz here (e.g. :9100)
 //	--pprof            [PPROF]            false: also serve /debug/pprof/ on --metrics-addr
 //
+// A flag, environment variable or configuration it refuses exits 2; a failure at run
+// time exits 1.
+//
 // SIGTERM or SIGINT drains: the worker takes no new tasks, waits up to --drain-timeout
 // for those in flight, sends their results, closes the connection normally and exits 0.
 // A second signal kills it at once. A Drain frame from the dispatcher does the same.
@@ -89,6 +92,9 @@ func main() {
 	if err := agent.RunMany(ctx, cfg, cfg.Agents); err != nil {
 		pprof.StopCPUProfile() // os.Exit skips the deferred stop
 		fmt.Fprintln(os.Stderr, "worker-agent:", err)
+		if errors.Is(err, agent.ErrConfig) { // refused before it started, as a bad flag
+			os.Exit(2)
+		}
 		os.Exit(1)
 	}
 }
