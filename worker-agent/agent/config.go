@@ -37,6 +37,11 @@ const (
 	DefaultSendQueueSize     = 256
 )
 
+// MinMaxFrameSize is the smallest MaxFrameSize: resultOverhead of each result frame is
+// kept for its other fields, and a frame much smaller leaves a result no room at all
+// (every task would fail with "does not fit in a frame").
+const MinMaxFrameSize = 2 * resultOverhead
+
 // ErrConfig is wrapped by Run's error for a config it refuses (cmd/worker-agent exits
 // 2 on it, as on a bad flag).
 var ErrConfig = errors.New("invalid config")
@@ -134,7 +139,7 @@ type Config struct {
 	// fills up is dropped (the dispatcher re-queues its tasks). Zero means 256.
 	SendQueueSize int
 	// MaxFrameSize bounds a frame read from the dispatcher and a result sent to it.
-	// Zero means frame.DefaultMaxSize (16 MiB).
+	// Zero means frame.DefaultMaxSize (16 MiB). It must be at least MinMaxFrameSize.
 	MaxFrameSize int
 
 	hooks *testHooks // set only by this package's tests
@@ -274,8 +279,9 @@ func (c Config) validate() error {
 	if c.Pprof && c.MetricsAddr == "" {
 		errs = append(errs, errors.New("Pprof (--pprof) needs MetricsAddr (--metrics-addr): pprof is served there"))
 	}
-	if c.MaxFrameSize < 1024 {
-		errs = append(errs, fmt.Errorf("MaxFrameSize must be at least 1024, got %d", c.MaxFrameSize))
+	if c.MaxFrameSize < MinMaxFrameSize {
+		errs = append(errs, fmt.Errorf("MaxFrameSize must be at least %d (%d of each result's frame are kept for its other fields), got %d",
+			MinMaxFrameSize, resultOverhead, c.MaxFrameSize))
 	}
 	return errors.Join(errs...)
 }

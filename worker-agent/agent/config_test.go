@@ -1,6 +1,7 @@
 package agent_test
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"io"
@@ -64,6 +65,29 @@ func TestInvalidConfigNamesTheField(t *testing.T) {
 				t.Errorf("Run = %v, want an error naming %s", err, tc.field)
 			}
 		})
+	}
+}
+
+// resultOverhead (4 KiB) of each result frame is kept for the result's other fields: a
+// MaxFrameSize at or near it left no room for any result, and every task failed with
+// "does not fit in a frame". It is refused at start; the smallest allowed one works.
+func TestMaxFrameSizeLeavesRoomForAResult(t *testing.T) {
+	t.Parallel()
+	for _, size := range []int{1024, 4096, agent.MinMaxFrameSize - 1} {
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel() // a config taken would stop at once, without an error
+		err := agent.Run(ctx, agent.Config{LogOutput: io.Discard, MaxFrameSize: size})
+		if !errors.Is(err, agent.ErrConfig) || !strings.Contains(err.Error(), "MaxFrameSize must be at least") {
+			t.Errorf("Run with MaxFrameSize %d = %v, want agent.ErrConfig naming MaxFrameSize", size, err)
+		}
+	}
+	h := setup(t, withConfig(func(c *agent.Config) { c.MaxFrameSize = agent.MinMaxFrameSize }))
+	p := h.connect()
+	if r := p.run("t1", "a", ""); !r.GetOk() {
+		t.Fatalf("result %v with MaxFrameSize %d, want ok", r, agent.MinMaxFrameSize)
+	}
+	if err := h.stop(p); err != nil {
+		t.Fatalf("Run = %v", err)
 	}
 }
 
