@@ -115,6 +115,11 @@ type Config struct {
 	// onWait, when set, is told when a synchronous producer starts waiting on a task.
 	// For tests.
 	onWait func(taskID string)
+	// onJournalAccept and onJournalForget, when set, are called by an asynchronous
+	// submission after its journal write, and before it deletes the record of a task it
+	// was then refused: tests hold submissions there to build interleavings.
+	onJournalAccept func(taskID string, created bool)
+	onJournalForget func(taskID string)
 }
 
 // WithDefaults returns the config with zero fields replaced by their defaults.

@@ -46,6 +46,9 @@ type hub struct {
 	// journal keeps asynchronous tasks across restarts; nil when Config.DataDir is
 	// empty. It locks itself.
 	journal *journal
+	// forgets counts journal records deleted for refused submissions (forgetRefused).
+	// Written under mu.
+	forgets atomic.Uint64
 
 	// assignment and envelope are reused (under mu) to encode assignment frames.
 	assignment pb.TaskAssignment
@@ -113,49 +116,107 @@ func (h *hub) submit(spec taskSpec) (*taskRecord, error) {
 		}
 		return h.admit(rec, true)
 	}
+	for {
+		got, again, err := h.submitJournaled(spec, rec, now)
+		if !again {
+			return got, err
+		}
+	}
+}
+
+// submitJournaled is submit's path for an asynchronous task with a journal. again says
+// that the journal record this submission found, and would have relied on, was deleted
+// by a refused submission of the same id before this one was admitted: submit starts
+// over, and the next write creates the record anew.
+func (h *hub) submitJournaled(spec taskSpec, rec *taskRecord, now time.Time) (got *taskRecord, again bool, err error) {
 	// Refusals first: a task the queue bounds refuse must not cost two synced commits
 	// (accept, then forget) when the dispatcher is already overloaded. admit checks
 	// again under the lock.
 	if err := h.precheck(spec.id, spec.label); err != nil {
-		return nil, err
+		return nil, false, err
 	}
+	// Read before the write: a deletion counted after it may have taken the record
+	// that the write found (see forgetRefused).
+	forgets := h.forgets.Load()
 	// Journal first, outside the lock: the task must be on disk before anything can
 	// run it, and the disk must not hold up other tasks.
 	prev, created, err := h.journal.accept(rec.entry(), now)
 	if err != nil {
 		h.log.Error().Err(err).Str("task_id", spec.id).Msg("journal write failed")
-		return nil, &submitError{http.StatusInternalServerError, "journal write failed: " + err.Error()}
+		return nil, false, &submitError{http.StatusInternalServerError, "journal write failed: " + err.Error()}
 	}
+	if h.cfg.onJournalAccept != nil {
+		h.cfg.onJournalAccept(spec.id, created)
+	}
+	rec.journaled = true
 	if !created {
 		if prev.Finished != 0 {
 			if r := h.known(spec.id); r != nil {
-				return r, nil
+				return r, false, nil
 			}
-			return recordFromEntry(*prev), nil // answered, and dropped from memory since
+			return recordFromEntry(*prev), false, nil // answered, and dropped from memory since
 		}
-		// Pending in the journal means in flight here (recovered at start), and admit
-		// returns that run.
-		rec.journaled = true
-		return h.admit(rec, true)
+		// Pending in the journal: in flight here (recovered at start, or accepted by a
+		// concurrent submission of the id), and admit returns that run, unless the
+		// submission that wrote the record was refused and deleted it meanwhile.
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if h.forgets.Load() != forgets {
+			return nil, true, nil
+		}
+		got, err := h.admitLocked(rec, true)
+		if err == nil && got != rec {
+			h.adoptLocked(got) // a synchronous run of the id: it answers the record
+		}
+		return got, false, err
 	}
-	rec.journaled = true
-	got, err := h.admit(rec, true)
+	got, err = h.admit(rec, true)
 	if err != nil {
-		if ferr := h.journal.forget(spec.id); ferr != nil {
-			h.log.Error().Err(ferr).Str("task_id", spec.id).Msg("journal: refused task not removed; it runs after a restart")
+		if h.cfg.onJournalForget != nil {
+			h.cfg.onJournalForget(spec.id)
 		}
-		return nil, err
+		h.forgetRefused(spec.id)
+		return nil, false, err
 	}
 	if got != rec { // the id was in flight or answered without a journal record
 		h.mu.Lock()
-		if got.finished() {
-			h.journal.complete(*got.entry())
-		} else {
-			got.journaled = true
-		}
+		h.adoptLocked(got)
 		h.mu.Unlock()
 	}
-	return got, nil
+	return got, false, nil
+}
+
+// forgetRefused deletes the journal record of a task that this submission wrote and
+// the hub then refused, unless another submission of the id got in meanwhile: that
+// one was told 202 on the strength of this record. The check runs under the hub's lock
+// inside the delete's transaction, so no submission is admitted between it and the
+// delete; one admitted after it sees forgets move and writes the record again.
+func (h *hub) forgetRefused(id string) {
+	err := h.journal.forget(id, func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if rec := h.knownLocked(id); rec != nil {
+			h.adoptLocked(rec)
+			return false
+		}
+		h.forgets.Add(1)
+		return true
+	})
+	if err != nil {
+		h.log.Error().Err(err).Str("task_id", id).Msg("journal: refused task not removed; it runs after a restart")
+	}
+}
+
+// adoptLocked makes rec, which holds an id the journal has a pending record of, answer
+// that record: at once if it is answered, else when it is. Caller holds mu.
+func (h *hub) adoptLocked(rec *taskRecord) {
+	switch {
+	case rec.journaled:
+	case rec.finished():
+		h.journal.complete(*rec.entry())
+	default:
+		rec.journaled = true
+	}
 }
 
 // precheck refuses, before any disk write, a new id that admit would refuse.
@@ -181,9 +242,14 @@ func (h *hub) precheck(id, label string) error {
 // limit applies the queue bound (tasks recovered from the journal were accepted
 // before and are not refused).
 func (h *hub) admit(rec *taskRecord, limit bool) (*taskRecord, error) {
-	id := rec.sched.ID
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	return h.admitLocked(rec, limit)
+}
+
+// admitLocked is admit for a caller holding mu.
+func (h *hub) admitLocked(rec *taskRecord, limit bool) (*taskRecord, error) {
+	id := rec.sched.ID
 	if h.closing {
 		return nil, errShuttingDown
 	}

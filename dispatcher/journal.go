@@ -241,9 +241,26 @@ func (j *journal) get(id string, now time.Time) (e journalEntry, ok bool, err er
 	return e, ok, err
 }
 
-// forget deletes a task accepted into the journal that the hub then refused.
-func (j *journal) forget(id string) error {
-	return j.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(tasksBucket).Delete([]byte(id)) })
+// errKept rolls back a forget that was called off.
+var errKept = errors.New("journal record kept")
+
+// forget deletes the pending record under id, a task accepted into the journal that
+// the hub then refused, if ok agrees. ok runs inside the write transaction, so no
+// other write to the journal comes between its answer and the delete. An answered
+// record is never deleted: another submission of the id ran and answered meanwhile.
+func (j *journal) forget(id string, ok func() bool) error {
+	err := j.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(tasksBucket)
+		v := b.Get([]byte(id))
+		if v == nil || finishedAt(v) != 0 || !ok() {
+			return errKept
+		}
+		return b.Delete([]byte(id))
+	})
+	if errors.Is(err, errKept) {
+		return nil
+	}
+	return err
 }
 
 // complete queues a task's answer for the writer; it never blocks on the disk. An
