@@ -37,11 +37,21 @@ type bundle struct {
 
 func setup(t *testing.T, cfg Config) *bundle {
 	t.Helper()
+	return setupListener(t, cfg, nil)
+}
+
+// setupListener is setup with the server's listener wrapped by wrap (when not nil).
+func setupListener(t *testing.T, cfg Config, wrap func(net.Listener) net.Listener) *bundle {
+	t.Helper()
 	d, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(d.Handler())
+	srv := httptest.NewUnstartedServer(d.Handler())
+	if wrap != nil {
+		srv.Listener = wrap(srv.Listener)
+	}
+	srv.Start()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { d.RunBackground(ctx); close(done) }()

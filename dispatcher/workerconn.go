@@ -49,6 +49,8 @@ type workerConn struct {
 	// drained is set (under hub.mu) once the hub has sent it a Drain: a status saying
 	// it accepts, sent before the Drain reached it, must not put it back in the routing.
 	drained bool
+	// hub is the hub it registers with; close takes it out of the routing there.
+	hub *hub
 	// log is the dispatcher's logger; records add worker_id themselves, because a
 	// child logger per connection would hold a few hundred bytes for its lifetime.
 	log zerolog.Logger
@@ -201,6 +203,14 @@ func (wc *workerConn) close(d *Disconnect) {
 		// The close frame may wait up to the write timeout: never on the caller (the
 		// hub calls close under its lock).
 		go func() {
+			// Out of the routing first, here since the caller may hold hub.mu. The reader
+			// would remove it only once the socket is closed, after the close frame, which
+			// on a socket that stopped draining (the usual SLOW_WORKER) waits out the write
+			// timeout: meanwhile its tasks, and new ones routed to it, would wait for
+			// nothing.
+			if wc.hub != nil {
+				wc.hub.removeWorker(wc)
+			}
 			writeClose(wc.ws, d, wc.writeTimeout)
 			// A flusher in the middle of a batch holds the socket's writes, the close
 			// frame's included: send them before closing, or the worker never learns
@@ -246,6 +256,7 @@ func (d *Dispatcher) serveWorker(c echo.Context) error {
 		connectedAt:  time.Now(),
 		ws:           ws,
 		batch:        hj.conn,
+		hub:          d.hub,
 		log:          d.log,
 		maxQueued:    cfg.SendQueueFrames,
 		credential:   workerCredential(c),
