@@ -39,6 +39,10 @@ type hub struct {
 	closing  bool                   // shutdown began: no new tasks or workers
 	idle     chan struct{}          // closed when closing and no task is active
 	finished *retention             // answered tasks, for GET /tasks/{id} and resubmissions
+	// running is, once shutdown began, the journaled tasks that were running then and
+	// still have no answer: one that comes back to the queue is let go to the journal
+	// (releaseRequeued) rather than hold the shutdown.
+	running []*taskRecord
 	// overdue wakes synchronous producers whose worker overran the deadline. It locks
 	// itself.
 	overdue *overdueWheel
@@ -462,6 +466,29 @@ func (h *hub) apply(out *scheduler.Outcome) {
 		h.met.failedTask(rec, failReasonOf(f.Reason))
 		h.finish(rec, statusFailed, status, msg)
 	}
+	if len(h.running) > 0 {
+		h.releaseRequeued()
+	}
+}
+
+// releaseRequeued lets go of the journaled tasks that were running when shutdown
+// began and are queued again (their worker lost, or refusing them), as beginShutdown
+// does with queued ones. Every requeue reaches apply, which calls this. Caller holds
+// mu.
+func (h *hub) releaseRequeued() {
+	kept := h.running[:0]
+	for _, rec := range h.running {
+		switch {
+		case rec.finished() || h.active[rec.sched.ID] != rec: // answered, or let go
+		case h.sched.Cancel(&rec.sched): // false unless queued
+			h.releaseLocked(rec)
+		default:
+			kept = append(kept, rec)
+		}
+	}
+	clear(h.running[len(kept):])
+	h.running = kept
+	h.idleCheck()
 }
 
 // finish gives a task its one answer. Caller holds mu.
@@ -486,6 +513,11 @@ func (h *hub) finish(rec *taskRecord, status string, httpStatus int, errMsg stri
 	delete(h.active, rec.sched.ID)
 	h.finished.add(rec)
 	close(rec.done)
+	h.idleCheck()
+}
+
+// idleCheck closes idle once shutdown began and no task is active. Caller holds mu.
+func (h *hub) idleCheck() {
 	if h.closing && len(h.active) == 0 && h.idle != nil {
 		close(h.idle)
 		h.idle = nil
@@ -788,11 +820,19 @@ func (h *hub) labelSnapshot() map[string][]string {
 func (h *hub) beginShutdown() <-chan struct{} {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.closing = true
-	// Queued journaled tasks need not hold shutdown up: the next start runs them.
-	for _, rec := range h.active {
-		if rec.journaled && h.sched.Cancel(&rec.sched) {
-			h.releaseLocked(rec)
+	if !h.closing {
+		h.closing = true
+		// Queued journaled tasks need not hold shutdown up: the next start runs them.
+		// Running ones are watched in case they come back to the queue.
+		for _, rec := range h.active {
+			if !rec.journaled {
+				continue
+			}
+			if h.sched.Cancel(&rec.sched) {
+				h.releaseLocked(rec)
+			} else {
+				h.running = append(h.running, rec)
+			}
 		}
 	}
 	ch := make(chan struct{})
