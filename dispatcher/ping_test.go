@@ -14,9 +14,10 @@ import (
 // deadline check) for up to the write timeout.
 func TestStuckWorkerDoesNotHoldUpOtherPings(t *testing.T) {
 	t.Parallel()
-	b := setup(t, Config{PingInterval: time.Hour, WriteTimeout: time.Hour}) // rounds run by hand
+	var sl *stallListener
+	b := setupListener(t, Config{PingInterval: time.Hour, WriteTimeout: time.Hour}, newStallListener(&sl)) // rounds run by hand
 	healthy := b.dial("healthy", "m")
-	stuck := b.dial("stuck", "m") // never reads again
+	stuck := b.dial("stuck", "m")
 	pinged := make(chan struct{}, 1)
 	healthy.ws.SetPingHandler(func(string) error { pinged <- struct{}{}; return nil })
 	go func() { // the healthy worker reads, as a worker does, until the test ends
@@ -26,15 +27,25 @@ func TestStuckWorkerDoesNotHoldUpOtherPings(t *testing.T) {
 			}
 		}
 	}()
+	// The stuck worker's socket stops draining: its writes wait out their deadline.
+	sc := sl.conn(stuck.ws.LocalAddr())
+	sc.stall()
 
-	b.d.hub.mu.Lock()
+	// Two frames queued at once, as send does, so that the flusher takes them as one
+	// batch, whose single write the stalled socket then holds. (Queued one by one, the
+	// flusher could take the first alone, and a lone frame's write holds gorilla's
+	// writer lock, which a ping gives up on after its own deadline instead of sticking.)
 	wc := b.d.hub.workers["stuck"]
-	big := make([]byte, 1<<20)
-	for range 32 { // far more than the loopback socket buffers hold
-		wc.send(big)
+	drain := []byte{0x9a, 0x00} // an empty, well-formed Drain frame
+	wc.pendingMu.Lock()
+	wc.pending = append(wc.pending, drain, drain)
+	start := !wc.flushing
+	wc.flushing = true
+	wc.pendingMu.Unlock()
+	if start {
+		go wc.flush()
 	}
-	b.d.hub.mu.Unlock()
-	// Stuck once the flusher has taken every frame and not finished writing them.
+	// Stuck once the flusher has taken both frames and not finished writing them.
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
 		wc.pendingMu.Lock()
 		taken := len(wc.pending) == 0 && wc.flushing
@@ -88,7 +99,7 @@ func TestStuckWorkerDoesNotHoldUpOtherPings(t *testing.T) {
 			t.Fatalf("%d pings outstanding after another round, want the stuck worker's one", p.InFlight())
 		}
 	}
-	stuck.ws.Close() // the write fails, and the ping with it
+	sc.Close() // the write fails, and the ping with it
 	within(t, "the stuck worker's ping after its socket closed", p.Wait)
 }
 

@@ -2,114 +2,13 @@ package dispatcher
 
 import (
 	"fmt"
-	"net"
 	"net/http"
-	"os"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/smartroute/smartroute/proto/frame"
 	pb "github.com/smartroute/smartroute/proto/smartroutev1"
 )
-
-// stallListener wraps the server's listener so that a test can make the dispatcher's
-// writes to one connection block, as they do when the peer stops reading and the
-// socket buffers are full, without sending megabytes to fill them.
-type stallListener struct {
-	net.Listener
-	mu    sync.Mutex
-	conns map[string]*stallConn // by the client's address
-}
-
-func (l *stallListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
-	}
-	sc := &stallConn{Conn: c, closed: make(chan struct{})}
-	l.mu.Lock()
-	l.conns[c.RemoteAddr().String()] = sc
-	l.mu.Unlock()
-	return sc, nil
-}
-
-// conn is the server's side of the connection a client opened from addr.
-func (l *stallListener) conn(addr net.Addr) *stallConn {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.conns[addr.String()]
-}
-
-// stallConn is a server-side connection whose writes can be stalled. A stalled write
-// waits until the stall ends, the write deadline passes (the deadline in force when
-// the write began) or the connection is closed, as a write to a full socket does.
-type stallConn struct {
-	net.Conn
-	mu        sync.Mutex
-	stalled   chan struct{} // closed when the stall ends; nil when not stalled
-	deadline  time.Time
-	closed    chan struct{}
-	closeOnce sync.Once
-}
-
-func (c *stallConn) stall() {
-	c.mu.Lock()
-	if c.stalled == nil {
-		c.stalled = make(chan struct{})
-	}
-	c.mu.Unlock()
-}
-
-func (c *stallConn) resume() {
-	c.mu.Lock()
-	if c.stalled != nil {
-		close(c.stalled)
-		c.stalled = nil
-	}
-	c.mu.Unlock()
-}
-
-func (c *stallConn) Write(p []byte) (int, error) {
-	c.mu.Lock()
-	stalled, deadline := c.stalled, c.deadline
-	c.mu.Unlock()
-	if stalled != nil {
-		var expired <-chan time.Time
-		if !deadline.IsZero() {
-			t := time.NewTimer(time.Until(deadline))
-			defer t.Stop()
-			expired = t.C
-		}
-		select {
-		case <-stalled:
-		case <-c.closed:
-			return 0, net.ErrClosed
-		case <-expired:
-			return 0, os.ErrDeadlineExceeded
-		}
-	}
-	return c.Conn.Write(p)
-}
-
-func (c *stallConn) SetWriteDeadline(t time.Time) error {
-	c.mu.Lock()
-	c.deadline = t
-	c.mu.Unlock()
-	return c.Conn.SetWriteDeadline(t)
-}
-
-func (c *stallConn) SetDeadline(t time.Time) error {
-	c.mu.Lock()
-	c.deadline = t
-	c.mu.Unlock()
-	return c.Conn.SetDeadline(t)
-}
-
-func (c *stallConn) Close() error {
-	c.closeOnce.Do(func() { close(c.closed) })
-	return c.Conn.Close()
-}
 
 // A worker the dispatcher cuts off (here SLOW_WORKER, its socket no longer draining)
 // leaves the routing at once: the tasks it was given are requeued and run elsewhere,
@@ -118,11 +17,10 @@ func (c *stallConn) Close() error {
 // such a socket: tasks given to it meanwhile were never sent.
 func TestClosedWorkerLeavesTheRoutingAtOnce(t *testing.T) {
 	t.Parallel()
-	sl := &stallListener{conns: make(map[string]*stallConn)}
+	var sl *stallListener
 	// The write timeout outlasts the test: the close frame to the stalled worker
 	// cannot be written while the test runs.
-	b := setupListener(t, Config{SendQueueFrames: 2, WriteTimeout: time.Hour, PingInterval: time.Hour},
-		func(l net.Listener) net.Listener { sl.Listener = l; return sl })
+	b := setupListener(t, Config{SendQueueFrames: 2, WriteTimeout: time.Hour, PingInterval: time.Hour}, newStallListener(&sl))
 	slow := b.dialHello(&pb.Hello{ProtocolVersion: frame.ProtocolVersion, WorkerId: "slow", MaxLabels: 2, Slots: 8, HeldLabels: []string{"m"}})
 	other := b.dial("other") // holds no label: the idle holder "slow" wins while it is routed
 	sc := sl.conn(slow.ws.LocalAddr())
