@@ -324,14 +324,7 @@ func TestFailedUnloadKeepsTheModelOurs(t *testing.T) {
 		t.Fatalf("Unload = %v, want a failure that is not backend.ErrUnloading", err)
 	}
 	failUnloads.Store(false)
-	events := x.fake.Subscribe()
-	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, x.srv.URL+"/v2/repository/models/m/unload", nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	await(t, events, "unloaded m") // Triton lost it (a restart, say)
+	unloadBehindTheBackend(t, x) // Triton lost it (a restart, say)
 	if _, err := x.b.Run(t.Context(), backend.Task{Type: triton.TaskInfer, Label: "m", Params: params}); err != nil {
 		t.Fatalf("Run = %v, want m loaded again", err)
 	}
@@ -554,6 +547,13 @@ func lostModel(t *testing.T) (*bundle, <-chan string) {
 	if err := x.b.Load(t.Context(), "m"); err != nil {
 		t.Fatal(err)
 	}
+	return x, unloadBehindTheBackend(t, x)
+}
+
+// unloadBehindTheBackend unloads m at the fake directly, as a Triton restart would lose
+// it, and returns the fake's events from then on.
+func unloadBehindTheBackend(t *testing.T, x *bundle) <-chan string {
+	t.Helper()
 	events := x.fake.Subscribe()
 	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, x.srv.URL+"/v2/repository/models/m/unload", nil)
 	resp, err := http.DefaultClient.Do(req)
@@ -562,7 +562,7 @@ func lostModel(t *testing.T) (*bundle, <-chan string) {
 	}
 	resp.Body.Close()
 	await(t, events, "unloaded m")
-	return x, events
+	return events
 }
 
 func TestRunReloadsAModelTritonLost(t *testing.T) {
