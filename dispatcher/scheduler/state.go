@@ -30,9 +30,9 @@ type Task struct {
 	seq    uint64
 	worker *worker
 	// labelState is the label's state while the task is placed (set by Submit), queued
-	// (by enqueue) or runs (by assign); stale after. The label cannot be forgotten meanwhile: a queued
-	// task counts in its queue and a running one's label is held. The hot paths find
-	// the label through it rather than by name in s.labels.
+	// (by enqueue) or runs (by assign); stale after. The label cannot be forgotten
+	// meanwhile: a queued task counts in its queue and a running one's label is held.
+	// The hot paths find the label through it rather than by name in s.labels.
 	labelState *labelState
 	// excluded lists the workers this task's label failed to load on: the task does
 	// not go back to them.
