@@ -46,6 +46,10 @@ type labelManager struct {
 	unloading map[string]struct{}              // labels being unloaded; their room is handed over already
 	recency   *simplelru.LRU[string, struct{}] // loaded labels, least recently used first
 	changed   chan struct{}                    // made by a waiter; closed and cleared whenever room may have appeared
+	// freeing counts the unloads of labels given up as lost (labelLease.lost), whose
+	// room no load has taken over: until the unload succeeds it is not free, since a
+	// failed one puts the label back.
+	freeing int
 }
 
 // labelEntry is a loading or loaded label. Fields other than done are guarded by
@@ -99,14 +103,19 @@ func (l *labelLease) lost() {
 	delete(m.entries, l.label)
 	m.recency.Remove(l.label)
 	m.unloading[l.label] = struct{}{}
+	m.freeing++
 	m.loads.Add(1)
 	go func() {
 		defer m.loads.Done()
-		if _, err := m.evict(l.label, ""); err != nil {
-			m.mu.Lock()
+		_, err := m.evict(l.label, "")
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		m.freeing--
+		if err != nil {
 			m.keepLocked(l.label)
-			m.mu.Unlock()
+			return
 		}
+		m.broadcastLocked() // its room is free only now
 	}()
 }
 
@@ -142,7 +151,7 @@ func (m *labelManager) adopt(ctx context.Context, loaded []string) error {
 	for _, l := range loaded {
 		switch {
 		case m.entries[l] != nil:
-		case len(m.entries) < m.capacity:
+		case len(m.entries)+m.freeing < m.capacity:
 			done := make(chan struct{})
 			close(done)
 			m.entries[l] = &labelEntry{loaded: true, done: done}
@@ -290,7 +299,7 @@ func (m *labelManager) pickVictimLocked(hint string) (victim string, ok bool) {
 	if e := m.entries[hint]; hint != "" && e != nil && e.loaded && e.pins == 0 {
 		return hint, true
 	}
-	if len(m.entries) < m.capacity {
+	if len(m.entries)+m.freeing < m.capacity {
 		return "", true
 	}
 	for _, l := range m.recency.Keys() {

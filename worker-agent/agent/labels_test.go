@@ -292,3 +292,52 @@ func TestFailedUnloadKeepsTheLabelCounted(t *testing.T) {
 		t.Errorf("events %q, want %q", got, want)
 	}
 }
+
+// A lost label's room stays taken while its unload runs: if the unload fails, the
+// label is put back, and a load that had taken the room meanwhile would leave the
+// worker holding one label more than --max-labels.
+func TestLostLabelKeepsItsRoomUntilUnloaded(t *testing.T) {
+	t.Parallel()
+	unloadStarted, letFail := make(chan struct{}), make(chan struct{})
+	var first sync.Once
+	fake := backendtest.New()
+	fake.OnUnload = func(_ context.Context, label string) (err error) {
+		first.Do(func() { // a's first unload fails; the retry works
+			close(unloadStarted)
+			<-letFail
+			err = errors.New("unload refused")
+		})
+		return err
+	}
+	m, _ := labelSetup(t, 1, fake)
+	fail := sync.OnceFunc(func() { close(letFail) })
+	defer fail() // on a failure below too, so that the unload goroutine ends
+	waiting := make(chan string, 8)
+	m.onWait = func(label string) { waiting <- label }
+	l, _ := mustAcquire(t, m, "a", "")
+	l.lost()
+	<-unloadStarted
+	acquired := make(chan error, 1)
+	go func() {
+		lb, _, err := m.acquire(t.Context(), "b", "", taskRef{id: "tb"})
+		if err == nil {
+			lb.release()
+		}
+		acquired <- err
+	}()
+	select {
+	case err := <-acquired:
+		t.Fatalf("b acquired (err %v) while a's unload was still running, with room for one label", err)
+	case <-waiting: // b waits for room
+	}
+	fail() // a is put back; b then evicts it, and that unload works
+	if err := <-acquired; err != nil {
+		t.Fatal(err)
+	}
+	m.wait()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if n := len(m.entries); n != 1 || m.entries["b"] == nil {
+		t.Fatalf("holds %d labels (recency %v), want b alone", n, m.recency.Keys())
+	}
+}
