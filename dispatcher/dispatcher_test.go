@@ -68,6 +68,18 @@ func setupListener(t *testing.T, cfg Config, wrap func(net.Listener) net.Listene
 	return &bundle{t: t, d: d, srv: srv}
 }
 
+// registered is the hub's connection for worker id, read under the hub's lock.
+func (b *bundle) registered(id string) *workerConn {
+	b.t.Helper()
+	b.d.hub.mu.Lock()
+	defer b.d.hub.mu.Unlock()
+	wc := b.d.hub.workers[id]
+	if wc == nil {
+		b.t.Fatalf("worker %q is not registered", id)
+	}
+	return wc
+}
+
 func (b *bundle) wsURL() string {
 	return "ws" + strings.TrimPrefix(b.srv.URL, "http") + "/worker-listen"
 }

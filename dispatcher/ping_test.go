@@ -35,7 +35,7 @@ func TestStuckWorkerDoesNotHoldUpOtherPings(t *testing.T) {
 	// batch, whose single write the stalled socket then holds. (Queued one by one, the
 	// flusher could take the first alone, and a lone frame's write holds gorilla's
 	// writer lock, which a ping gives up on after its own deadline instead of sticking.)
-	wc := b.d.hub.workers["stuck"]
+	wc := b.registered("stuck")
 	drain := []byte{0x9a, 0x00} // an empty, well-formed Drain frame
 	wc.pendingMu.Lock()
 	wc.pending = append(wc.pending, drain, drain)

@@ -30,7 +30,7 @@ func TestClosedWorkerLeavesTheRoutingAtOnce(t *testing.T) {
 	sc.stall()
 	t.Cleanup(sc.resume) // runs before setup's cleanup, which waits for the connections
 
-	wc := b.d.hub.workers["slow"]
+	wc := b.registered("slow")
 	// Tasks for "slow" until its send queue overflows; it keeps free slots.
 	var sent []string
 	for i := 0; !wc.isClosing(); i++ {
