@@ -9,6 +9,9 @@ import (
 
 	"github.com/gorilla/websocket"
 	"github.com/rs/zerolog"
+
+	"github.com/smartroute/smartroute/proto/frame"
+	pb "github.com/smartroute/smartroute/proto/smartroutev1"
 )
 
 func TestParamsLimit(t *testing.T) {
@@ -66,6 +69,18 @@ func TestOversizedFrameClosesTheConnection(t *testing.T) {
 	}
 	for contains(b.workers(), "big") {
 		time.Sleep(time.Millisecond) // polling an observable state, bounded by the test timeout
+	}
+}
+
+// The Welcome tells a worker the dispatcher's frame limit, so that the worker keeps its
+// results within it rather than have its connection closed for one.
+func TestWelcomeSaysTheFrameLimit(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{MaxFrameBytes: 64 << 10})
+	w := b.dialRaw("w")
+	w.write(&pb.Envelope{Body: &pb.Envelope_Hello{Hello: &pb.Hello{ProtocolVersion: frame.ProtocolVersion, WorkerId: "w", MaxLabels: 1, Slots: 1}}})
+	if got := w.read().GetWelcome().GetMaxFrameBytes(); got != 64<<10 {
+		t.Fatalf("welcome's max_frame_bytes %d, want %d", got, 64<<10)
 	}
 }
 

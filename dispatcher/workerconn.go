@@ -284,7 +284,7 @@ func (d *Dispatcher) serveWorker(c echo.Context) error {
 
 	// The welcome is the first frame out, ahead of any assignment.
 	welcome, _ := frame.Encode(nil, &pb.Envelope{Body: &pb.Envelope_Welcome{Welcome: &pb.Welcome{
-		ProtocolVersion: frame.ProtocolVersion, DispatcherId: d.id}}})
+		ProtocolVersion: frame.ProtocolVersion, DispatcherId: d.id, MaxFrameBytes: uint64(cfg.MaxFrameBytes)}}})
 	wc.send(welcome)
 
 	if err := d.hub.addWorker(wc, hello); err != nil {

@@ -498,8 +498,13 @@ type Welcome struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	ProtocolVersion ProtocolVersion        `protobuf:"varint,1,opt,name=protocol_version,json=protocolVersion,proto3,enum=smartroute.v1.ProtocolVersion" json:"protocol_version,omitempty"`
 	DispatcherId    string                 `protobuf:"bytes,2,opt,name=dispatcher_id,json=dispatcherId,proto3" json:"dispatcher_id,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The largest frame the dispatcher reads from a worker (its --max-frame-bytes); 0
+	// from a dispatcher that does not say. A worker keeps its results within it: a
+	// larger frame would close the connection, and the task would come back to fail the
+	// same way elsewhere.
+	MaxFrameBytes uint64 `protobuf:"varint,3,opt,name=max_frame_bytes,json=maxFrameBytes,proto3" json:"max_frame_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Welcome) Reset() {
@@ -544,6 +549,13 @@ func (x *Welcome) GetDispatcherId() string {
 		return x.DispatcherId
 	}
 	return ""
+}
+
+func (x *Welcome) GetMaxFrameBytes() uint64 {
+	if x != nil {
+		return x.MaxFrameBytes
+	}
+	return 0
 }
 
 // TaskAssignment hands one task attempt to a worker.
@@ -1048,10 +1060,11 @@ const file_smartroute_v1_worker_proto_rawDesc = "" +
 	"heldLabels\x12'\n" +
 	"\x0floadable_labels\x18\x06 \x03(\tR\x0eloadableLabels\x12\x14\n" +
 	"\x05agent\x18\a \x01(\tR\x05agent\x12 \n" +
-	"\vunavailable\x18\b \x01(\bR\vunavailable\"y\n" +
+	"\vunavailable\x18\b \x01(\bR\vunavailable\"\xa1\x01\n" +
 	"\aWelcome\x12I\n" +
 	"\x10protocol_version\x18\x01 \x01(\x0e2\x1e.smartroute.v1.ProtocolVersionR\x0fprotocolVersion\x12#\n" +
-	"\rdispatcher_id\x18\x02 \x01(\tR\fdispatcherId\"\xea\x01\n" +
+	"\rdispatcher_id\x18\x02 \x01(\tR\fdispatcherId\x12&\n" +
+	"\x0fmax_frame_bytes\x18\x03 \x01(\x04R\rmaxFrameBytes\"\xea\x01\n" +
 	"\x0eTaskAssignment\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\rR\aattempt\x12\x1b\n" +

@@ -332,6 +332,11 @@ func (m *Welcome) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
 	}
+	if m.MaxFrameBytes != 0 {
+		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.MaxFrameBytes))
+		i--
+		dAtA[i] = 0x18
+	}
 	if len(m.DispatcherId) > 0 {
 		i -= len(m.DispatcherId)
 		copy(dAtA[i:], m.DispatcherId)
@@ -913,6 +918,9 @@ func (m *Welcome) SizeVT() (n int) {
 	l = len(m.DispatcherId)
 	if l > 0 {
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
+	}
+	if m.MaxFrameBytes != 0 {
+		n += 1 + protohelpers.SizeOfVarint(uint64(m.MaxFrameBytes))
 	}
 	n += len(m.unknownFields)
 	return n
@@ -1795,6 +1803,25 @@ func (m *Welcome) UnmarshalVT(dAtA []byte) error {
 			}
 			m.DispatcherId = string(dAtA[iNdEx:postIndex])
 			iNdEx = postIndex
+		case 3:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field MaxFrameBytes", wireType)
+			}
+			m.MaxFrameBytes = 0
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				m.MaxFrameBytes |= uint64(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])

@@ -398,6 +398,9 @@ func (a *agent) connect(ctx context.Context) (*session, error) {
 	if !stop() {
 		return fail(ctx.Err())
 	}
+	if m := welcome.GetMaxFrameBytes(); m > 0 && m < uint64(s.maxFrame) {
+		s.maxFrame = int(m)
+	}
 	a.log.Info().Uint64("conn", s.id).Str("dispatcher_id", welcome.GetDispatcherId()).
 		Strs("held_labels", hello.GetHello().GetHeldLabels()).Bool("unavailable", hello.GetHello().GetUnavailable()).
 		Msg("connected")

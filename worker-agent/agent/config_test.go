@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/smartroute/smartroute/proto/frame"
+	pb "github.com/smartroute/smartroute/proto/smartroutev1"
 	"github.com/smartroute/smartroute/worker-agent/agent"
 )
 
@@ -85,6 +86,26 @@ func TestMaxFrameSizeLeavesRoomForAResult(t *testing.T) {
 	p := h.connect()
 	if r := p.run("t1", "a", ""); !r.GetOk() {
 		t.Fatalf("result %v with MaxFrameSize %d, want ok", r, agent.MinMaxFrameSize)
+	}
+	if err := h.stop(p); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+}
+
+// A dispatcher whose frame limit (from its Welcome) is below the agent's gets a
+// result too large for it as the task's error, not as a frame that closes the
+// connection (1009) and brings the task back to fail the same way elsewhere.
+func TestResultsKeepWithinTheDispatchersFrameLimit(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	p := h.connectWith(&pb.Welcome{ProtocolVersion: frame.ProtocolVersion, DispatcherId: "small", MaxFrameBytes: 16 << 10})
+	big := []byte(`{"data":"` + strings.Repeat("x", 20<<10) + `"}`) // echoed into the result
+	p.assign(&pb.TaskAssignment{TaskId: "big", TaskType: "sample_task", Label: "a", ParametersJson: big})
+	if r := p.result(); r.GetOk() || !strings.Contains(r.GetError(), "does not fit in a frame (limit 16384)") {
+		t.Fatalf("result ok=%v error %q, want the 16 KiB limit's error", r.GetOk(), r.GetError())
+	}
+	if r := p.run("small", "a", ""); !r.GetOk() { // the connection goes on
+		t.Fatalf("next result %v, want ok", r)
 	}
 	if err := h.stop(p); err != nil {
 		t.Fatalf("Run = %v", err)

@@ -187,6 +187,12 @@ func (h *harness) accept() *peer {
 // connect accepts the next connection, checks its hello and welcomes it.
 func (h *harness) connect() *peer {
 	h.t.Helper()
+	return h.connectWith(&pb.Welcome{ProtocolVersion: frame.ProtocolVersion, DispatcherId: "test-dispatcher"})
+}
+
+// connectWith is connect with a Welcome of the test's own.
+func (h *harness) connectWith(welcome *pb.Welcome) *peer {
+	h.t.Helper()
 	p := h.accept()
 	env := p.read()
 	hello, err := frame.CheckHello(env, p.workerID)
@@ -194,7 +200,7 @@ func (h *harness) connect() *peer {
 		h.t.Fatalf("bad hello %v: %v", env, err)
 	}
 	p.hello = hello
-	p.send(&pb.Envelope{Body: &pb.Envelope_Welcome{Welcome: &pb.Welcome{ProtocolVersion: frame.ProtocolVersion, DispatcherId: "test-dispatcher"}}})
+	p.send(&pb.Envelope{Body: &pb.Envelope_Welcome{Welcome: welcome}})
 	return p
 }
 

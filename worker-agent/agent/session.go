@@ -51,6 +51,11 @@ type session struct {
 
 	tasks int // attempts assigned on this session holding a slot; guarded by agent.mu
 
+	// maxFrame is the largest frame this session sends: the agent's MaxFrameSize, or
+	// the dispatcher's read limit from the Welcome when that is smaller (lowered before
+	// the reader starts).
+	maxFrame int
+
 	onEnd func() // set before the reader and writer start; end calls it once (metrics)
 }
 
@@ -62,6 +67,7 @@ func newSession(id uint64, conn *websocket.Conn, cfg *Config, log zerolog.Logger
 		writeTimeout: cfg.WriteTimeout,
 		readTimeout:  cfg.ReadTimeout,
 		pingInterval: cfg.PingInterval,
+		maxFrame:     cfg.MaxFrameSize,
 		out:          make(chan *pb.Envelope, cfg.SendQueueSize),
 		closeReq:     make(chan struct{}, 1),
 		done:         make(chan struct{}),

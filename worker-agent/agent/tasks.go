@@ -281,8 +281,8 @@ func (a *agent) runTask(ctx context.Context, s *session, asg *pb.TaskAssignment,
 		} else {
 			lease.release()
 		}
-		if err == nil && len(o.result) > a.cfg.MaxFrameSize-resultOverhead {
-			err = fmt.Errorf("result of %d bytes does not fit in a frame (limit %d)", len(o.result), a.cfg.MaxFrameSize)
+		if err == nil && len(o.result) > s.maxFrame-resultOverhead {
+			err = fmt.Errorf("result of %d bytes does not fit in a frame (limit %d)", len(o.result), s.maxFrame)
 		}
 	}
 	switch {
