@@ -201,6 +201,10 @@ func (c Config) validate() error {
 	positive("TaskRetentionBytes", c.TaskRetentionBytes)
 	positive("SendQueueFrames", int64(c.SendQueueFrames))
 	positive("MaxFrameBytes", c.MaxFrameBytes)
+	if c.MaxFrameBytes > 0 && c.MaxFrameBytes < frame.MinMaxSize {
+		// Workers keep their results within it, less 4 KiB for a result's other fields.
+		errs = append(errs, fmt.Errorf("MaxFrameBytes (%d) must be at least %d: a worker's result must fit beside its other fields", c.MaxFrameBytes, frame.MinMaxSize))
+	}
 	positive("MetricsMaxLabels", int64(c.MetricsMaxLabels))
 	positive("JournalLockTimeout", int64(c.JournalLockTimeout))
 	positive("JournalSweepInterval", int64(c.JournalSweepInterval))

@@ -473,7 +473,7 @@ func TestSlowWorkerIsCutOff(t *testing.T) {
 	t.Parallel()
 	b := setup(t, Config{SendQueueFrames: 1})
 	w := b.dial("slow", "m")
-	wc := b.d.hub.workers["slow"]
+	wc := b.registered("slow")
 	// Fill the queue past its bound directly: the writer may drain one frame, so send
 	// until the connection is closed with SLOW_WORKER.
 	for i := 0; i < 1000; i++ {

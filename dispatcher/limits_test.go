@@ -59,9 +59,9 @@ func TestPerLabelQueueLimit(t *testing.T) {
 // the worker is forgotten.
 func TestOversizedFrameClosesTheConnection(t *testing.T) {
 	t.Parallel()
-	b := setup(t, Config{MaxFrameBytes: 1024})
+	b := setup(t, Config{MaxFrameBytes: frame.MinMaxSize})
 	w := b.dial("big", "m")
-	if err := w.ws.WriteMessage(websocket.BinaryMessage, make([]byte, 4096)); err != nil {
+	if err := w.ws.WriteMessage(websocket.BinaryMessage, make([]byte, 2*frame.MinMaxSize)); err != nil {
 		t.Fatal(err)
 	}
 	if code, _ := w.closeCode(); code != websocket.CloseMessageTooBig {

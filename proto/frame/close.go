@@ -9,13 +9,22 @@ const MaxCloseReason = 120
 // CloseReason cuts reason to MaxCloseReason bytes at a character boundary. A reason cut
 // inside a character is invalid UTF-8, which the peer must treat as a protocol error
 // (RFC 6455 7.1.6): it would lose the code and the reason both.
-func CloseReason(reason string) string {
-	if len(reason) <= MaxCloseReason {
-		return reason
+func CloseReason(reason string) string { return CutText(reason, MaxCloseReason) }
+
+// CutText cuts s to at most max bytes at a character boundary, so that valid UTF-8
+// stays valid.
+func CutText(s string, max int) string {
+	if len(s) <= max {
+		return s
 	}
-	n := MaxCloseReason
-	for n > 0 && !utf8.RuneStart(reason[n]) {
+	n := max
+	for n > 0 && !utf8.RuneStart(s[n]) {
 		n--
 	}
-	return reason[:n]
+	return s[:n]
 }
+
+// MinMaxSize is the smallest frame limit either end accepts: a worker keeps 4 KiB of
+// each result frame for the result's fields besides its body (error text included), so
+// a smaller limit would leave no result room at all.
+const MinMaxSize = 8 << 10

@@ -39,8 +39,9 @@ const (
 
 // MinMaxFrameSize is the smallest MaxFrameSize: resultOverhead of each result frame is
 // kept for its other fields, and a frame much smaller leaves a result no room at all
-// (every task would fail with "does not fit in a frame").
-const MinMaxFrameSize = 2 * resultOverhead
+// (every task would fail with "does not fit in a frame"). The dispatcher's limit has
+// the same floor.
+const MinMaxFrameSize = frame.MinMaxSize
 
 // ErrConfig is wrapped by Run's error for a config it refuses (cmd/worker-agent exits
 // 2 on it, as on a bad flag).

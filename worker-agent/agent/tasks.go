@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/smartroute/smartroute/proto/frame"
 	pb "github.com/smartroute/smartroute/proto/smartroutev1"
 	"github.com/smartroute/smartroute/worker-agent/backend"
 )
@@ -404,7 +405,14 @@ func (a *agent) finish(s *session, asg *pb.TaskAssignment, received time.Time, o
 // frameText makes backend-supplied text (an error from Triton, say) fit a frame's
 // string field, which must be UTF-8: a frame that cannot be encoded would end the
 // connection, and the task would come back to fail the same way.
-func frameText(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }
+func frameText(s string) string {
+	return frame.CutText(strings.ToValidUTF8(s, "\uFFFD"), maxFrameText)
+}
+
+// maxFrameText bounds backend-supplied text in a frame (Triton's errors run to 64 KiB):
+// with the other fields it stays inside resultOverhead, and so inside any frame limit
+// the dispatcher accepts.
+const maxFrameText = 2 << 10
 
 // cancel ends the attempt a Cancel frame names; attempt 0 means every attempt.
 func (a *agent) cancel(c *pb.Cancel) {

@@ -114,6 +114,7 @@ func TestBadConfigurationExitsTwo(t *testing.T) {
 		{[]string{"--log-level", "loud"}, 2},
 		{[]string{"--memory-limit-ratio", "2"}, 2},
 		{[]string{"--max-attempts", "-1"}, 2},                                     // dispatcher.New's validation
+		{[]string{"--max-frame-bytes", "4096"}, 2},                                // below a result's floor
 		{[]string{"--worker-tokens-file", filepath.Join(t.TempDir(), "none")}, 2}, // an unreadable token file
 		{[]string{"--addr", busy.Addr().String()}, 1},
 	} {
