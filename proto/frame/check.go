@@ -29,6 +29,10 @@ func invalidUTF8(env *pb.Envelope) string {
 		case !validStrings(h.GetLoadableLabels()):
 			return "hello.loadable_labels"
 		}
+	case *pb.Envelope_Inventory:
+		if !validStrings(b.Inventory.GetLoadableLabels()) {
+			return "inventory.loadable_labels"
+		}
 	case *pb.Envelope_Welcome:
 		if !utf8.ValidString(b.Welcome.GetDispatcherId()) {
 			return "welcome.dispatcher_id"

@@ -213,6 +213,7 @@ type Envelope struct {
 	//	*Envelope_Result
 	//	*Envelope_LabelEvent
 	//	*Envelope_Status
+	//	*Envelope_Inventory
 	//	*Envelope_Welcome
 	//	*Envelope_Assignment
 	//	*Envelope_Cancel
@@ -295,6 +296,15 @@ func (x *Envelope) GetStatus() *WorkerStatus {
 	return nil
 }
 
+func (x *Envelope) GetInventory() *Inventory {
+	if x != nil {
+		if x, ok := x.Body.(*Envelope_Inventory); ok {
+			return x.Inventory
+		}
+	}
+	return nil
+}
+
 func (x *Envelope) GetWelcome() *Welcome {
 	if x != nil {
 		if x, ok := x.Body.(*Envelope_Welcome); ok {
@@ -352,6 +362,11 @@ type Envelope_Status struct {
 	Status *WorkerStatus `protobuf:"bytes,4,opt,name=status,proto3,oneof"`
 }
 
+type Envelope_Inventory struct {
+	// Only to a dispatcher whose Welcome set inventory_updates.
+	Inventory *Inventory `protobuf:"bytes,5,opt,name=inventory,proto3,oneof"`
+}
+
 type Envelope_Welcome struct {
 	// dispatcher → worker
 	Welcome *Welcome `protobuf:"bytes,10,opt,name=welcome,proto3,oneof"`
@@ -376,6 +391,8 @@ func (*Envelope_Result) isEnvelope_Body() {}
 func (*Envelope_LabelEvent) isEnvelope_Body() {}
 
 func (*Envelope_Status) isEnvelope_Body() {}
+
+func (*Envelope_Inventory) isEnvelope_Body() {}
 
 func (*Envelope_Welcome) isEnvelope_Body() {}
 
@@ -503,8 +520,11 @@ type Welcome struct {
 	// larger frame would close the connection, and the task would come back to fail the
 	// same way elsewhere.
 	MaxFrameBytes uint64 `protobuf:"varint,3,opt,name=max_frame_bytes,json=maxFrameBytes,proto3" json:"max_frame_bytes,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// True when the dispatcher takes Inventory frames. An older dispatcher closes the
+	// connection on a frame it does not know, so a worker sends none without this.
+	InventoryUpdates bool `protobuf:"varint,4,opt,name=inventory_updates,json=inventoryUpdates,proto3" json:"inventory_updates,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Welcome) Reset() {
@@ -556,6 +576,13 @@ func (x *Welcome) GetMaxFrameBytes() uint64 {
 		return x.MaxFrameBytes
 	}
 	return 0
+}
+
+func (x *Welcome) GetInventoryUpdates() bool {
+	if x != nil {
+		return x.InventoryUpdates
+	}
+	return false
 }
 
 // TaskAssignment hands one task attempt to a worker.
@@ -925,6 +952,53 @@ func (x *WorkerStatus) GetReason() string {
 	return ""
 }
 
+// Inventory replaces the labels the worker's backend can load, as the hello announced
+// them, when they change while connected (a model added to Triton's repository). Labels
+// held stay held; empty means any label, as in the hello.
+type Inventory struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	LoadableLabels []string               `protobuf:"bytes,1,rep,name=loadable_labels,json=loadableLabels,proto3" json:"loadable_labels,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *Inventory) Reset() {
+	*x = Inventory{}
+	mi := &file_smartroute_v1_worker_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Inventory) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Inventory) ProtoMessage() {}
+
+func (x *Inventory) ProtoReflect() protoreflect.Message {
+	mi := &file_smartroute_v1_worker_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Inventory.ProtoReflect.Descriptor instead.
+func (*Inventory) Descriptor() ([]byte, []int) {
+	return file_smartroute_v1_worker_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *Inventory) GetLoadableLabels() []string {
+	if x != nil {
+		return x.LoadableLabels
+	}
+	return nil
+}
+
 // Cancel asks the worker to stop an attempt whose result is no longer wanted.
 type Cancel struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -937,7 +1011,7 @@ type Cancel struct {
 
 func (x *Cancel) Reset() {
 	*x = Cancel{}
-	mi := &file_smartroute_v1_worker_proto_msgTypes[7]
+	mi := &file_smartroute_v1_worker_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -949,7 +1023,7 @@ func (x *Cancel) String() string {
 func (*Cancel) ProtoMessage() {}
 
 func (x *Cancel) ProtoReflect() protoreflect.Message {
-	mi := &file_smartroute_v1_worker_proto_msgTypes[7]
+	mi := &file_smartroute_v1_worker_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -962,7 +1036,7 @@ func (x *Cancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cancel.ProtoReflect.Descriptor instead.
 func (*Cancel) Descriptor() ([]byte, []int) {
-	return file_smartroute_v1_worker_proto_rawDescGZIP(), []int{7}
+	return file_smartroute_v1_worker_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Cancel) GetTaskId() string {
@@ -996,7 +1070,7 @@ type Drain struct {
 
 func (x *Drain) Reset() {
 	*x = Drain{}
-	mi := &file_smartroute_v1_worker_proto_msgTypes[8]
+	mi := &file_smartroute_v1_worker_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1008,7 +1082,7 @@ func (x *Drain) String() string {
 func (*Drain) ProtoMessage() {}
 
 func (x *Drain) ProtoReflect() protoreflect.Message {
-	mi := &file_smartroute_v1_worker_proto_msgTypes[8]
+	mi := &file_smartroute_v1_worker_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1021,7 +1095,7 @@ func (x *Drain) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Drain.ProtoReflect.Descriptor instead.
 func (*Drain) Descriptor() ([]byte, []int) {
-	return file_smartroute_v1_worker_proto_rawDescGZIP(), []int{8}
+	return file_smartroute_v1_worker_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Drain) GetReason() string {
@@ -1035,13 +1109,14 @@ var File_smartroute_v1_worker_proto protoreflect.FileDescriptor
 
 const file_smartroute_v1_worker_proto_rawDesc = "" +
 	"\n" +
-	"\x1asmartroute/v1/worker.proto\x12\rsmartroute.v1\"\xbe\x03\n" +
+	"\x1asmartroute/v1/worker.proto\x12\rsmartroute.v1\"\xf8\x03\n" +
 	"\bEnvelope\x12,\n" +
 	"\x05hello\x18\x01 \x01(\v2\x14.smartroute.v1.HelloH\x00R\x05hello\x123\n" +
 	"\x06result\x18\x02 \x01(\v2\x19.smartroute.v1.TaskResultH\x00R\x06result\x12<\n" +
 	"\vlabel_event\x18\x03 \x01(\v2\x19.smartroute.v1.LabelEventH\x00R\n" +
 	"labelEvent\x125\n" +
-	"\x06status\x18\x04 \x01(\v2\x1b.smartroute.v1.WorkerStatusH\x00R\x06status\x122\n" +
+	"\x06status\x18\x04 \x01(\v2\x1b.smartroute.v1.WorkerStatusH\x00R\x06status\x128\n" +
+	"\tinventory\x18\x05 \x01(\v2\x18.smartroute.v1.InventoryH\x00R\tinventory\x122\n" +
 	"\awelcome\x18\n" +
 	" \x01(\v2\x16.smartroute.v1.WelcomeH\x00R\awelcome\x12?\n" +
 	"\n" +
@@ -1060,11 +1135,12 @@ const file_smartroute_v1_worker_proto_rawDesc = "" +
 	"heldLabels\x12'\n" +
 	"\x0floadable_labels\x18\x06 \x03(\tR\x0eloadableLabels\x12\x14\n" +
 	"\x05agent\x18\a \x01(\tR\x05agent\x12 \n" +
-	"\vunavailable\x18\b \x01(\bR\vunavailable\"\xa1\x01\n" +
+	"\vunavailable\x18\b \x01(\bR\vunavailable\"\xce\x01\n" +
 	"\aWelcome\x12I\n" +
 	"\x10protocol_version\x18\x01 \x01(\x0e2\x1e.smartroute.v1.ProtocolVersionR\x0fprotocolVersion\x12#\n" +
 	"\rdispatcher_id\x18\x02 \x01(\tR\fdispatcherId\x12&\n" +
-	"\x0fmax_frame_bytes\x18\x03 \x01(\x04R\rmaxFrameBytes\"\xea\x01\n" +
+	"\x0fmax_frame_bytes\x18\x03 \x01(\x04R\rmaxFrameBytes\x12+\n" +
+	"\x11inventory_updates\x18\x04 \x01(\bR\x10inventoryUpdates\"\xea\x01\n" +
 	"\x0eTaskAssignment\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\rR\aattempt\x12\x1b\n" +
@@ -1106,7 +1182,9 @@ const file_smartroute_v1_worker_proto_rawDesc = "" +
 	"\x10KIND_LOAD_FAILED\x10\x04\"D\n" +
 	"\fWorkerStatus\x12\x1c\n" +
 	"\taccepting\x18\x01 \x01(\bR\taccepting\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"S\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"4\n" +
+	"\tInventory\x12'\n" +
+	"\x0floadable_labels\x18\x01 \x03(\tR\x0eloadableLabels\"S\n" +
 	"\x06Cancel\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\rR\aattempt\x12\x16\n" +
@@ -1139,7 +1217,7 @@ func file_smartroute_v1_worker_proto_rawDescGZIP() []byte {
 }
 
 var file_smartroute_v1_worker_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_smartroute_v1_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_smartroute_v1_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_smartroute_v1_worker_proto_goTypes = []any{
 	(ProtocolVersion)(0),   // 0: smartroute.v1.ProtocolVersion
 	(CloseCode)(0),         // 1: smartroute.v1.CloseCode
@@ -1151,26 +1229,28 @@ var file_smartroute_v1_worker_proto_goTypes = []any{
 	(*TaskResult)(nil),     // 7: smartroute.v1.TaskResult
 	(*LabelEvent)(nil),     // 8: smartroute.v1.LabelEvent
 	(*WorkerStatus)(nil),   // 9: smartroute.v1.WorkerStatus
-	(*Cancel)(nil),         // 10: smartroute.v1.Cancel
-	(*Drain)(nil),          // 11: smartroute.v1.Drain
+	(*Inventory)(nil),      // 10: smartroute.v1.Inventory
+	(*Cancel)(nil),         // 11: smartroute.v1.Cancel
+	(*Drain)(nil),          // 12: smartroute.v1.Drain
 }
 var file_smartroute_v1_worker_proto_depIdxs = []int32{
 	4,  // 0: smartroute.v1.Envelope.hello:type_name -> smartroute.v1.Hello
 	7,  // 1: smartroute.v1.Envelope.result:type_name -> smartroute.v1.TaskResult
 	8,  // 2: smartroute.v1.Envelope.label_event:type_name -> smartroute.v1.LabelEvent
 	9,  // 3: smartroute.v1.Envelope.status:type_name -> smartroute.v1.WorkerStatus
-	5,  // 4: smartroute.v1.Envelope.welcome:type_name -> smartroute.v1.Welcome
-	6,  // 5: smartroute.v1.Envelope.assignment:type_name -> smartroute.v1.TaskAssignment
-	10, // 6: smartroute.v1.Envelope.cancel:type_name -> smartroute.v1.Cancel
-	11, // 7: smartroute.v1.Envelope.drain:type_name -> smartroute.v1.Drain
-	0,  // 8: smartroute.v1.Hello.protocol_version:type_name -> smartroute.v1.ProtocolVersion
-	0,  // 9: smartroute.v1.Welcome.protocol_version:type_name -> smartroute.v1.ProtocolVersion
-	2,  // 10: smartroute.v1.LabelEvent.kind:type_name -> smartroute.v1.LabelEvent.Kind
-	11, // [11:11] is the sub-list for method output_type
-	11, // [11:11] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	10, // 4: smartroute.v1.Envelope.inventory:type_name -> smartroute.v1.Inventory
+	5,  // 5: smartroute.v1.Envelope.welcome:type_name -> smartroute.v1.Welcome
+	6,  // 6: smartroute.v1.Envelope.assignment:type_name -> smartroute.v1.TaskAssignment
+	11, // 7: smartroute.v1.Envelope.cancel:type_name -> smartroute.v1.Cancel
+	12, // 8: smartroute.v1.Envelope.drain:type_name -> smartroute.v1.Drain
+	0,  // 9: smartroute.v1.Hello.protocol_version:type_name -> smartroute.v1.ProtocolVersion
+	0,  // 10: smartroute.v1.Welcome.protocol_version:type_name -> smartroute.v1.ProtocolVersion
+	2,  // 11: smartroute.v1.LabelEvent.kind:type_name -> smartroute.v1.LabelEvent.Kind
+	12, // [12:12] is the sub-list for method output_type
+	12, // [12:12] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_smartroute_v1_worker_proto_init() }
@@ -1183,6 +1263,7 @@ func file_smartroute_v1_worker_proto_init() {
 		(*Envelope_Result)(nil),
 		(*Envelope_LabelEvent)(nil),
 		(*Envelope_Status)(nil),
+		(*Envelope_Inventory)(nil),
 		(*Envelope_Welcome)(nil),
 		(*Envelope_Assignment)(nil),
 		(*Envelope_Cancel)(nil),
@@ -1194,7 +1275,7 @@ func file_smartroute_v1_worker_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_smartroute_v1_worker_proto_rawDesc), len(file_smartroute_v1_worker_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   9,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
