@@ -314,12 +314,7 @@ func (s *Scheduler) AddWorker(spec WorkerSpec) (*Outcome, error) {
 	}
 	w := &worker{id: spec.ID, capacity: spec.MaxLabels, slots: spec.Slots, accepting: !spec.Unavailable,
 		freePos: -1, roomyPos: -1}
-	if len(spec.Loadable) > 0 {
-		w.loadable = make(map[string]struct{}, len(spec.Loadable))
-		for _, l := range spec.Loadable {
-			w.loadable[l] = struct{}{}
-		}
-	}
+	w.loadable = loadableSet(spec.Loadable)
 	s.workers[spec.ID] = w
 	s.countLoadable(w, 1)
 	s.fleetChanged = s.now
@@ -391,6 +386,35 @@ func (s *Scheduler) SetAccepting(id string, accepting bool) (*Outcome, error) {
 		s.offerFree() // tasks that waited for this worker's labels may go elsewhere
 	}
 	return out, nil
+}
+
+// SetLoadable replaces the labels a worker's backend can load (empty means any), as
+// its agent reports when they change while connected: a model added to Triton's
+// repository. Labels it holds stay held and keep running tasks; only new loads follow
+// the new list. Queued tasks for a label it can now load may go to it at once.
+func (s *Scheduler) SetLoadable(id string, loadable []string) (*Outcome, error) {
+	out := s.reset()
+	w, ok := s.workers[id]
+	if !ok {
+		return out, fmt.Errorf("%w: %s", ErrUnknownWorker, id)
+	}
+	s.countLoadable(w, -1)
+	w.loadable = loadableSet(loadable)
+	s.countLoadable(w, 1)
+	s.fill(w)
+	return out, nil
+}
+
+// loadableSet is a worker's loadable labels as a set; nil (any label) for none.
+func loadableSet(labels []string) map[string]struct{} {
+	if len(labels) == 0 {
+		return nil
+	}
+	set := make(map[string]struct{}, len(labels))
+	for _, l := range labels {
+		set[l] = struct{}{}
+	}
+	return set
 }
 
 // setAccepting changes w.accepting and the counts that depend on it.

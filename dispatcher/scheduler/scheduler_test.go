@@ -601,6 +601,57 @@ func TestNoWorkerCanLoadFailsAtOnce(t *testing.T) {
 	check(t, b.s)
 }
 
+// A worker whose backend gains a label (a model added to Triton's repository) takes
+// the tasks queued for it, and new tasks for it no longer fail; one that loses a label
+// keeps running tasks on the copy it holds, and loads it no more.
+func TestSetLoadable(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{FleetSettle: 10 * time.Second})
+	if _, err := b.s.AddWorker(WorkerSpec{ID: "w1", MaxLabels: 2, Slots: 1, Loadable: []string{"X"}}); err != nil {
+		t.Fatal(err)
+	}
+	early := b.task("new")
+	none(t, b.submit(early)) // within FleetSettle it waits
+	out, err := b.s.SetLoadable("w1", []string{"X", "new"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := one(t, out.Assigned); a.Task != early || a.WorkerID != "w1" || !a.Load {
+		t.Fatalf("w1 took %+v, want the queued task for the label it can load now", a)
+	}
+	b.complete(early, true)
+	check(t, b.s)
+
+	b.clock.advance(10 * time.Second)
+	later := b.task("later")
+	if out, _ := b.s.Submit(later); len(out.Failed) != 1 || out.Failed[0].Reason != FailNoWorkerCanLoad {
+		t.Fatalf("label no backend lists: %+v", out)
+	}
+	if _, err := b.s.SetLoadable("w1", []string{"X", "new", "later"}); err != nil {
+		t.Fatal(err)
+	}
+	later = b.task("later")
+	if a := one(t, b.submit(later)); a.WorkerID != "w1" || !a.Load {
+		t.Fatalf("label the backend lists now: %+v", a)
+	}
+	b.complete(later, true)
+	check(t, b.s)
+
+	// "new" leaves the backend's list while w1 holds it (with "later").
+	if _, err := b.s.SetLoadable("w1", []string{"X", "later"}); err != nil {
+		t.Fatal(err)
+	}
+	held := b.task("new")
+	if a := one(t, b.submit(held)); a.WorkerID != "w1" || a.Load {
+		t.Fatalf("task for the copy w1 still holds: %+v", a)
+	}
+	b.complete(held, false)
+	check(t, b.s)
+	if _, err := b.s.SetLoadable("gone", nil); !errors.Is(err, ErrUnknownWorker) {
+		t.Fatalf("SetLoadable of an unknown worker = %v", err)
+	}
+}
+
 func TestUnavailableWorkerTakesNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t, Config{})
