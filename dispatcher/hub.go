@@ -735,6 +735,23 @@ func (h *hub) onStatus(wc *workerConn, st *pb.WorkerStatus) {
 	}
 }
 
+// onInventory replaces a worker's loadable labels, which its agent reports when its
+// backend's change (a model added to Triton's repository).
+func (h *hub) onInventory(wc *workerConn, inv *pb.Inventory) {
+	labels := inv.GetLoadableLabels()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.workers[wc.id] != wc {
+		return
+	}
+	out, err := h.sched.SetLoadable(wc.id, labels)
+	if err != nil {
+		return
+	}
+	h.apply(out)
+	h.log.Info().Str("worker_id", wc.id).Int("loadable_labels", len(labels)).Msg("worker's loadable labels changed")
+}
+
 // workerIDs lists connected workers, sorted.
 func (h *hub) workerIDs() []string {
 	h.mu.Lock()

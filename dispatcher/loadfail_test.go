@@ -1,6 +1,7 @@
 package dispatcher
 
 import (
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -116,5 +117,43 @@ func TestLabelNoWorkerCanLoadAnswers503(t *testing.T) {
 	w.finish(a, true, `"ok"`)
 	if got := <-ans; got.status != 200 {
 		t.Fatalf("task for the label the worker can load: %v", got)
+	}
+}
+
+// A label the worker's backend gains while connected (a model added to Triton's
+// repository), reported in an Inventory frame, is routed to it at once; the Welcome
+// says the dispatcher takes the frame.
+func TestInventoryMakesANewLabelRoutable(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{Scheduler: scheduler.Config{FleetSettle: time.Nanosecond}})
+	w := b.dialRaw("w1")
+	w.write(&pb.Envelope{Body: &pb.Envelope_Hello{Hello: &pb.Hello{ProtocolVersion: frame.ProtocolVersion, WorkerId: "w1", MaxLabels: 2, Slots: 1, LoadableLabels: []string{"resnet50"}}}})
+	if wel := w.read().GetWelcome(); !wel.GetInventoryUpdates() {
+		t.Fatalf("welcome %v does not offer inventory updates", wel)
+	}
+	for !contains(b.workers(), "w1") {
+		time.Sleep(time.Millisecond) // polling an observable state
+	}
+	if code, out := b.post("/run-task", `{"task_id":"inv-1","task_type":"x","label":"bert"}`); code != 503 {
+		t.Fatalf("task for a label not yet in the repository: %d %v", code, out)
+	}
+	w.write(&pb.Envelope{Body: &pb.Envelope_Inventory{Inventory: &pb.Inventory{LoadableLabels: []string{"resnet50", "bert"}}}})
+	// Frames are handled in order: once /labels shows this later one, the inventory
+	// has been too.
+	w.write(&pb.Envelope{Body: &pb.Envelope_LabelEvent{LabelEvent: &pb.LabelEvent{Kind: pb.LabelEvent_KIND_LOADED, Label: "resnet50"}}})
+	for {
+		if _, labels := b.get("/labels"); fmt.Sprint(labels["resnet50"]) == "[w1]" {
+			break
+		}
+		time.Sleep(time.Millisecond) // polling an observable state
+	}
+	ans := b.postAsync(`{"task_id":"inv-2","task_type":"x","label":"bert"}`)
+	a := w.assignment()
+	if a.GetLabel() != "bert" {
+		t.Fatalf("assignment %v", a)
+	}
+	w.finish(a, true, `"ok"`)
+	if got := <-ans; got.status != 200 {
+		t.Fatalf("task for the label the repository gained: %v", got)
 	}
 }

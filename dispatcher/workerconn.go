@@ -284,7 +284,8 @@ func (d *Dispatcher) serveWorker(c echo.Context) error {
 
 	// The welcome is the first frame out, ahead of any assignment.
 	welcome, _ := frame.Encode(nil, &pb.Envelope{Body: &pb.Envelope_Welcome{Welcome: &pb.Welcome{
-		ProtocolVersion: frame.ProtocolVersion, DispatcherId: d.id, MaxFrameBytes: uint64(cfg.MaxFrameBytes)}}})
+		ProtocolVersion: frame.ProtocolVersion, DispatcherId: d.id, MaxFrameBytes: uint64(cfg.MaxFrameBytes),
+		InventoryUpdates: true}}})
 	wc.send(welcome)
 
 	if err := d.hub.addWorker(wc, hello); err != nil {
@@ -384,6 +385,8 @@ func (d *Dispatcher) readLoop(wc *workerConn) *Disconnect {
 			d.hub.onLabelEvent(wc, body.LabelEvent)
 		case *pb.Envelope_Status:
 			d.hub.onStatus(wc, body.Status)
+		case *pb.Envelope_Inventory:
+			d.hub.onInventory(wc, body.Inventory)
 		default:
 			return &Disconnect{Code: pb.CloseCode_CLOSE_CODE_BAD_FRAME, Reason: fmt.Sprintf("unexpected %T from a worker", body)}
 		}
