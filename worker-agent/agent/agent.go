@@ -12,6 +12,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -73,8 +74,7 @@ type agent struct {
 	metrics     *Metrics         // cfg.Metrics; nil means none
 
 	// Set up by start, read-only afterwards.
-	labels   *labelManager
-	loadable []string // sent in every hello
+	labels *labelManager
 
 	// workCtx carries tasks, loads and the health poller; it outlives ctx so that a
 	// drain can let tasks finish, and is cancelled with errShutdown when Run ends.
@@ -95,7 +95,10 @@ type agent struct {
 	draining          bool
 	available         bool   // the backend's last Health answer
 	unavailableReason string // why not, when !available
-	tasks             map[taskKey]*runningTask
+	// loadable is what the hello announces (empty: any label); set by start, and by
+	// refreshLoadable when the backend's repository changes.
+	loadable []string
+	tasks    map[taskKey]*runningTask
 	// idle is made by a waitIdle that finds tasks running, and closed and cleared when
 	// tasks empties: no channel per busy spell when nobody waits.
 	idle chan struct{}
@@ -246,7 +249,87 @@ func (a *agent) start(ctx context.Context) error {
 	a.checkHealth()
 	a.bg.Add(1)
 	go a.pollHealth()
+	if repo, ok := a.backend.(backend.Repository); ok {
+		a.bg.Add(1)
+		go a.pollInventory(repo)
+	}
 	return nil
+}
+
+// pollInventory asks the backend which labels it can load every InventoryInterval, so
+// that a model added to the repository becomes routable without a restart.
+func (a *agent) pollInventory(repo backend.Repository) {
+	defer a.bg.Done()
+	t := time.NewTicker(a.cfg.InventoryInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-a.workCtx.Done():
+			return
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(a.workCtx, a.cfg.InventoryInterval)
+			labels, err := repo.Loadable(ctx)
+			cancel()
+			if err != nil {
+				// The health poll reports a backend that is down; this only waits.
+				a.log.Debug().Err(err).Msg("backend inventory check failed")
+				continue
+			}
+			a.refreshLoadable(labels)
+		}
+	}
+}
+
+// refreshLoadable takes the backend's current loadable labels: new loads follow them,
+// and the dispatcher hears of a change when it takes Inventory frames (else at the
+// next hello). Labels held stay held.
+func (a *agent) refreshLoadable(backendLabels []string) {
+	loadable := intersectLabels(a.cfg.Labels, backendLabels)
+	if len(loadable) == 0 {
+		// Empty means any label on the wire: a repository that lists none of them
+		// (emptied, or mid-deploy) must not make this worker claim every label.
+		return
+	}
+	a.mu.Lock()
+	old := a.loadable
+	a.mu.Unlock()
+	if sameLabels(old, loadable) {
+		return
+	}
+	// Only this poller writes a.loadable. The label manager first (its lock is never
+	// taken under a.mu): by the time the dispatcher hears, loads may start.
+	a.labels.setLoadable(loadable)
+	a.mu.Lock()
+	a.loadable = loadable
+	s := a.cur.Load()
+	tell := s != nil && s.inventoryUpdates
+	a.mu.Unlock()
+	a.metrics.labelsSeen(loadable)
+	a.log.Info().Strs("added", missingFrom(old, loadable)).Strs("removed", missingFrom(loadable, old)).
+		Bool("dispatcher_told", tell).Msg("backend's loadable labels changed")
+	if tell {
+		s.send(inventoryFrame(loadable))
+	}
+}
+
+func inventoryFrame(loadable []string) *pb.Envelope {
+	return &pb.Envelope{Body: &pb.Envelope_Inventory{Inventory: &pb.Inventory{LoadableLabels: loadable}}}
+}
+
+// sameLabels reports whether a and b hold the same labels, in any order.
+func sameLabels(a, b []string) bool {
+	return len(a) == len(b) && len(missingFrom(a, b)) == 0
+}
+
+// missingFrom lists the labels of b that a lacks.
+func missingFrom(a, b []string) []string {
+	var out []string
+	for _, l := range b {
+		if !slices.Contains(a, l) {
+			out = append(out, l)
+		}
+	}
+	return out
 }
 
 // intersectLabels combines the configured labels with the backend's; empty means any.
@@ -400,6 +483,15 @@ func (a *agent) connect(ctx context.Context) (*session, error) {
 	}
 	if m := welcome.GetMaxFrameBytes(); m > 0 && m < uint64(s.maxFrame) {
 		s.maxFrame = int(m)
+	}
+	// A change to the loadable labels since the hello was built went untold (the
+	// session did not yet know it could tell); it is told now, behind the hello.
+	a.mu.Lock()
+	s.inventoryUpdates = welcome.GetInventoryUpdates()
+	loadable := a.loadable
+	a.mu.Unlock()
+	if s.inventoryUpdates && !sameLabels(loadable, hello.GetHello().GetLoadableLabels()) {
+		s.send(inventoryFrame(loadable))
 	}
 	a.log.Info().Uint64("conn", s.id).Str("dispatcher_id", welcome.GetDispatcherId()).
 		Strs("held_labels", hello.GetHello().GetHeldLabels()).Bool("unavailable", hello.GetHello().GetUnavailable()).

@@ -34,6 +34,7 @@ const (
 	DefaultReconnectMax      = 5 * time.Second
 	DefaultBackoffResetAfter = 10 * time.Second
 	DefaultHealthInterval    = 5 * time.Second
+	DefaultInventoryInterval = 30 * time.Second
 	DefaultSendQueueSize     = 256
 )
 
@@ -136,6 +137,10 @@ type Config struct {
 	BackoffResetAfter time.Duration
 	// HealthInterval is how often the backend's Health is polled. Zero means 5s.
 	HealthInterval time.Duration
+	// InventoryInterval is how often a backend whose repository can change (Triton)
+	// is asked which labels it can load; a change is reported to the dispatcher. Zero
+	// means 30s.
+	InventoryInterval time.Duration
 	// SendQueueSize bounds the frames waiting for the writer; a connection whose queue
 	// fills up is dropped (the dispatcher re-queues its tasks). Zero means 256.
 	SendQueueSize int
@@ -187,6 +192,7 @@ func (c Config) WithDefaults() Config {
 	setDuration(&c.ReconnectMax, DefaultReconnectMax)
 	setDuration(&c.BackoffResetAfter, DefaultBackoffResetAfter)
 	setDuration(&c.HealthInterval, DefaultHealthInterval)
+	setDuration(&c.InventoryInterval, DefaultInventoryInterval)
 	if c.SendQueueSize == 0 {
 		c.SendQueueSize = DefaultSendQueueSize
 	}
@@ -257,7 +263,7 @@ func (c Config) validate() error {
 		{"WriteTimeout", c.WriteTimeout}, {"ReadTimeout", c.ReadTimeout},
 		{"PingInterval", c.PingInterval}, {"ReconnectMin", c.ReconnectMin},
 		{"ReconnectMax", c.ReconnectMax}, {"BackoffResetAfter", c.BackoffResetAfter},
-		{"HealthInterval", c.HealthInterval},
+		{"HealthInterval", c.HealthInterval}, {"InventoryInterval", c.InventoryInterval},
 		{"Sim.LoadTime", c.Sim.LoadTime}, {"Sim.LoadJitter", c.Sim.LoadJitter},
 		{"Sim.RunTime", c.Sim.RunTime}, {"Sim.RunJitter", c.Sim.RunJitter},
 	} {

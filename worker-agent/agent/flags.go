@@ -48,6 +48,7 @@ func ConfigFromArgs(args []string, getenv func(string) string, output io.Writer)
 	fs.DurationVar(&c.Triton.StartTimeout, "triton-start-timeout", triton.DefaultStartTimeout, "triton backend: how long to wait at start for Triton to be live and no model LOADING")
 	fs.StringVar(&c.Triton.TextInput, "triton-text-input", triton.DefaultTextInput, "triton backend: BYTES input that embed_texts fills")
 	fs.StringVar(&c.Triton.EmbeddingOutput, "triton-embedding-output", triton.DefaultEmbeddingOutput, "triton backend: FP32 output embed_texts returns")
+	fs.DurationVar(&c.InventoryInterval, "inventory-interval", DefaultInventoryInterval, "triton backend: how often to read the repository index for models added or removed")
 	fs.StringVar(&c.LogLevel, "log-level", DefaultLogLevel, "log level: debug, info, warn, error")
 	fs.StringVar(&c.LogCollectorURL, "log-collector-url", "", "also stream log records to this log collector, e.g. ws://127.0.0.1:8090/ingest (default: off)")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", DefaultDrainTimeout, "how long a drain waits for in-flight tasks")
@@ -101,7 +102,7 @@ func ConfigFromArgs(args []string, getenv func(string) string, output io.Writer)
 // zeroMeansDefault are the flags whose zero Config (or triton.Config) reads as the
 // default. The sim durations are not among them: zero is instant there.
 var zeroMeansDefault = []string{
-	"max-labels", "slots", "drain-timeout",
+	"max-labels", "slots", "drain-timeout", "inventory-interval",
 	"triton-load-timeout", "triton-unload-timeout", "triton-start-timeout",
 }
 

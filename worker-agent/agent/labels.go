@@ -134,13 +134,28 @@ func newLabelManager(ctx context.Context, b backend.Backend, capacity int, loada
 		unloading: make(map[string]struct{}),
 		recency:   recency,
 	}
-	if len(loadable) > 0 {
-		m.loadable = make(map[string]struct{}, len(loadable))
-		for _, l := range loadable {
-			m.loadable[l] = struct{}{}
-		}
-	}
+	m.loadable = loadableSet(loadable)
 	return m
+}
+
+// setLoadable replaces the labels loads may start for (empty means any), when the
+// backend's repository changed.
+func (m *labelManager) setLoadable(loadable []string) {
+	set := loadableSet(loadable)
+	m.mu.Lock()
+	m.loadable = set
+	m.mu.Unlock()
+}
+
+func loadableSet(labels []string) map[string]struct{} {
+	if len(labels) == 0 {
+		return nil
+	}
+	set := make(map[string]struct{}, len(labels))
+	for _, l := range labels {
+		set[l] = struct{}{}
+	}
+	return set
 }
 
 // adopt records labels the backend holds at startup, least recently used first. Those
@@ -212,12 +227,6 @@ func (m *labelManager) acquire(ctx context.Context, label, evictHint string, tas
 			return nil, info, err // never start a load for a task that is over
 		}
 		m.mu.Lock()
-		if m.loadable != nil {
-			if _, ok := m.loadable[label]; !ok {
-				m.mu.Unlock()
-				return nil, info, fmt.Errorf("%w: %q", errNotLoadable, label)
-			}
-		}
 		if e := m.entries[label]; e != nil {
 			e.pins++
 			if e.loaded {
@@ -234,6 +243,14 @@ func (m *labelManager) acquire(ctx context.Context, label, evictHint string, tas
 				m.onJoin(label)
 			}
 			return m.awaitLoad(ctx, label, e, info, start)
+		}
+		// Checked only before a load: a label the backend no longer lists (its model
+		// left the repository) still runs tasks while it stays loaded.
+		if m.loadable != nil {
+			if _, ok := m.loadable[label]; !ok {
+				m.mu.Unlock()
+				return nil, info, fmt.Errorf("%w: %q", errNotLoadable, label)
+			}
 		}
 		if _, ok := m.unloading[label]; ok {
 			waited = true

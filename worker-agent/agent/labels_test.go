@@ -243,6 +243,28 @@ func TestNotLoadableLabel(t *testing.T) {
 	}
 }
 
+// The loadable labels change with the backend's repository: a label added loads, and
+// one removed loads no more but keeps running tasks while it stays loaded.
+func TestSetLoadable(t *testing.T) {
+	t.Parallel()
+	m := newLabelManager(t.Context(), backendtest.New(), 2, []string{"a"}, zerolog.Nop(), func(*pb.LabelEvent) {})
+	m.setLoadable([]string{"a", "b"})
+	lease, info, err := m.acquire(t.Context(), "b", "", taskRef{})
+	if err != nil || !info.miss {
+		t.Fatalf("acquire of the added label = %v, %+v; want a load", err, info)
+	}
+	lease.release()
+	m.setLoadable([]string{"a"})
+	lease, info, err = m.acquire(t.Context(), "b", "", taskRef{})
+	if err != nil || info.miss {
+		t.Fatalf("acquire of the removed label while loaded = %v, %+v; want a hit", err, info)
+	}
+	lease.release()
+	if _, _, err := m.acquire(t.Context(), "c", "", taskRef{}); !errors.Is(err, errNotLoadable) {
+		t.Errorf("acquire of a label never listed = %v, want errNotLoadable", err)
+	}
+}
+
 // An unload that fails may leave the label in memory. Forgotten, its room was handed
 // to the next load and the backend held one label more than capacity. It must stay
 // counted as held, be no room for another label, and be unloaded by a later eviction.

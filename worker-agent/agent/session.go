@@ -50,6 +50,9 @@ type session struct {
 	wg sync.WaitGroup // the reader and the writer
 
 	tasks int // attempts assigned on this session holding a slot; guarded by agent.mu
+	// inventoryUpdates: the dispatcher's Welcome said it takes Inventory frames. Set
+	// after the Welcome; guarded by agent.mu.
+	inventoryUpdates bool
 
 	// maxFrame is the largest frame this session sends: the agent's MaxFrameSize, or
 	// the dispatcher's read limit from the Welcome when that is smaller (lowered before

@@ -2,6 +2,7 @@ package agent_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/smartroute/smartroute/proto/frame"
 	pb "github.com/smartroute/smartroute/proto/smartroutev1"
 	"github.com/smartroute/smartroute/worker-agent/agent"
 	"github.com/smartroute/smartroute/worker-agent/backend/triton"
@@ -459,5 +461,55 @@ func TestTritonRefusingConnectionsRefusesTasks(t *testing.T) {
 				t.Fatalf("Run = %v", err)
 			}
 		})
+	}
+}
+
+// A model added to Triton's repository while the agent runs is found by the inventory
+// poll: the dispatcher hears of it in an Inventory frame (it said in its Welcome that
+// it takes them), and tasks for it load it.
+func TestTritonModelAddedIsToldToTheDispatcher(t *testing.T) {
+	t.Parallel()
+	f := fake.New(fake.Config{Models: []string{"a"}})
+	h := setup(t, withTriton(t, f), withConfig(func(c *agent.Config) { c.InventoryInterval = 5 * time.Millisecond }))
+	p := h.connectWith(&pb.Welcome{ProtocolVersion: frame.ProtocolVersion, DispatcherId: "d", InventoryUpdates: true})
+	f.AddModel("b")
+	if got := p.next().GetInventory().GetLoadableLabels(); !slices.Equal(got, []string{"a", "b"}) {
+		t.Fatalf("inventory %q, want a and b", got)
+	}
+	if r := runTyped(p, "t1", "infer", "b", inferParams); !r.GetOk() || !r.GetLabelMiss() {
+		t.Fatalf("task on the added model: %v", r)
+	}
+	if err := h.stop(p); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A dispatcher whose Welcome does not offer inventory updates would close the
+// connection on the frame: it gets none, and hears of the new model in the next hello.
+func TestTritonModelAddedReachesAnOlderDispatcherAtTheNextHello(t *testing.T) {
+	t.Parallel()
+	f := fake.New(fake.Config{Models: []string{"a"}})
+	h := setup(t, withTriton(t, f), withConfig(func(c *agent.Config) { c.InventoryInterval = 5 * time.Millisecond }))
+	p := h.connect()
+	f.AddModel("b")
+	// Once a task on b runs, the poll has seen b (p.result fails on any other frame,
+	// an Inventory included).
+	for i := 0; ; i++ {
+		if r := runTyped(p, fmt.Sprintf("t%d", i), "infer", "b", inferParams); r.GetOk() {
+			break
+		} else if !strings.Contains(r.GetError(), "not loadable") {
+			t.Fatalf("task on b before the poll saw it: %v", r)
+		}
+	}
+	p.closeWith(int(pb.CloseCode_CLOSE_CODE_SHUTDOWN), "restart")
+	if code := p.closeCode(); code != int(pb.CloseCode_CLOSE_CODE_SHUTDOWN) {
+		t.Fatalf("close code %d", code)
+	}
+	p = h.connect()
+	if got := p.hello.GetLoadableLabels(); !slices.Equal(got, []string{"a", "b"}) {
+		t.Fatalf("hello after the reconnect lists %q, want a and b", got)
+	}
+	if err := h.stop(p); err != nil {
+		t.Fatal(err)
 	}
 }

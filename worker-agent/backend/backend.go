@@ -52,6 +52,15 @@ type Inventory struct {
 	Loaded []string
 }
 
+// Repository is implemented by a backend whose loadable labels can change while it
+// runs: models added to or removed from Triton's repository. The agent polls it every
+// InventoryInterval and tells the dispatcher when the list changes, so that a new
+// model is routable without restarting the agent. Loadable has no side effects; an
+// empty list means the backend lists none (not "any label", as in Inventory).
+type Repository interface {
+	Loadable(ctx context.Context) ([]string, error)
+}
+
 // Starter is implemented by a backend that may still be starting when the agent does
 // (a Triton server loading its preloaded models). The agent calls WaitStarted before
 // Inventory and gives up when it returns an error; it returns nil once the backend

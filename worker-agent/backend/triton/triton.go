@@ -342,6 +342,22 @@ func (b *Backend) Inventory(ctx context.Context) (backend.Inventory, error) {
 	return inv, nil
 }
 
+// Loadable lists the models in Triton's repository index, for the agent's periodic
+// inventory check. Unlike Inventory it records nothing about what is loaded.
+func (b *Backend) Loadable(ctx context.Context) ([]string, error) {
+	entries, err := b.index(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, e := range entries {
+		if e.Name != "" && !slices.Contains(names, e.Name) {
+			names = append(names, e.Name)
+		}
+	}
+	return names, nil
+}
+
 // Health reports whether Triton is live.
 func (b *Backend) Health(ctx context.Context) error {
 	if err := b.live(ctx); err != nil {

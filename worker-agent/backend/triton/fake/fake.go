@@ -263,6 +263,14 @@ func (s *Server) RemoveModel(name string) {
 	s.modelLocked(name).inRepo = false
 }
 
+// AddModel puts a folder for name in the repository, as an upload while the server
+// runs would: it joins the index, and loads of it succeed.
+func (s *Server) AddModel(name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.modelLocked(name).inRepo = true
+}
+
 // HoldLoads makes loads of name wait (LOADING) until release is called (or Close).
 func (s *Server) HoldLoads(name string) (release func()) {
 	s.mu.Lock()
