@@ -76,11 +76,11 @@ type agent struct {
 	// Set up by start, read-only afterwards.
 	labels *labelManager
 
-	// workCtx carries tasks, loads and the health poller; it outlives ctx so that a
+	// workCtx carries tasks, loads and the pollers; it outlives ctx so that a
 	// drain can let tasks finish, and is cancelled with errShutdown when Run ends.
 	workCtx  context.Context
 	stopWork context.CancelCauseFunc
-	bg       sync.WaitGroup // the health poller
+	bg       sync.WaitGroup // the health and inventory pollers
 
 	// cur is the live session, where label events and statuses go. It is stored with
 	// labels.mu and mu held (so a hello and the events after it are ordered), and
@@ -212,7 +212,7 @@ func (a *agent) run(ctx context.Context) error {
 	return nil
 }
 
-// start learns the backend's labels and health and starts the health poller.
+// start learns the backend's labels and health and starts the pollers.
 func (a *agent) start(ctx context.Context) error {
 	if s, ok := a.backend.(backend.Starter); ok {
 		// Triton may still be starting: wait for it (bounded by the backend's own
@@ -248,36 +248,26 @@ func (a *agent) start(ctx context.Context) error {
 	}
 	a.checkHealth()
 	a.bg.Add(1)
-	go a.pollHealth()
+	go a.every(a.cfg.HealthInterval, a.checkHealth)
 	if repo, ok := a.backend.(backend.Repository); ok {
 		a.bg.Add(1)
-		go a.pollInventory(repo)
+		go a.every(a.cfg.InventoryInterval, func() { a.checkInventory(repo) })
 	}
 	return nil
 }
 
-// pollInventory asks the backend which labels it can load every InventoryInterval, so
-// that a model added to the repository becomes routable without a restart.
-func (a *agent) pollInventory(repo backend.Repository) {
-	defer a.bg.Done()
-	t := time.NewTicker(a.cfg.InventoryInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-a.workCtx.Done():
-			return
-		case <-t.C:
-			ctx, cancel := context.WithTimeout(a.workCtx, a.cfg.InventoryInterval)
-			labels, err := repo.Loadable(ctx)
-			cancel()
-			if err != nil {
-				// The health poll reports a backend that is down; this only waits.
-				a.log.Debug().Err(err).Msg("backend inventory check failed")
-				continue
-			}
-			a.refreshLoadable(labels)
-		}
+// checkInventory asks the backend which labels it can load, so that a model added to
+// the repository becomes routable without a restart.
+func (a *agent) checkInventory(repo backend.Repository) {
+	ctx, cancel := context.WithTimeout(a.workCtx, a.cfg.InventoryInterval)
+	labels, err := repo.Loadable(ctx)
+	cancel()
+	if err != nil {
+		// The health check reports a backend that is down; this only waits.
+		a.log.Debug().Err(err).Msg("backend inventory check failed")
+		return
 	}
+	a.refreshLoadable(labels)
 }
 
 // refreshLoadable takes the backend's current loadable labels: new loads follow them,
@@ -679,17 +669,18 @@ func (a *agent) waitIdle(timeout time.Duration, abort <-chan struct{}) bool {
 	}
 }
 
-// pollHealth asks the backend for its health every HealthInterval.
-func (a *agent) pollHealth() {
+// every runs check each interval until the agent stops (the health and inventory
+// pollers).
+func (a *agent) every(interval time.Duration, check func()) {
 	defer a.bg.Done()
-	t := time.NewTicker(a.cfg.HealthInterval)
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-a.workCtx.Done():
 			return
 		case <-t.C:
-			a.checkHealth()
+			check()
 		}
 	}
 }
