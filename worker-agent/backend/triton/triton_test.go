@@ -102,6 +102,34 @@ func TestInventoryReadsTheIndex(t *testing.T) {
 	}
 }
 
+// Loadable follows the repository as models are added and removed; a removed model
+// still loaded stays listed until it is unloaded, as Triton lists it.
+func TestLoadableFollowsTheRepository(t *testing.T) {
+	t.Parallel()
+	x := setup(t, fake.Config{Models: []string{"a", "b"}, Preload: []string{"b"}}, nil)
+	loadable := func() []string {
+		t.Helper()
+		l, err := x.b.Loadable(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	x.fake.AddModel("c")
+	if got := loadable(); !slices.Equal(got, []string{"a", "b", "c"}) {
+		t.Fatalf("after an upload: %q", got)
+	}
+	x.fake.RemoveModel("a")
+	x.fake.RemoveModel("b")
+	if got := loadable(); !slices.Equal(got, []string{"b", "c"}) {
+		t.Fatalf("after removals: %q, want b (still loaded) and c", got)
+	}
+	x.fake.SetDown(true)
+	if _, err := x.b.Loadable(t.Context()); err == nil {
+		t.Fatal("Loadable with Triton down succeeded")
+	}
+}
+
 func TestColdLoadThenInfer(t *testing.T) {
 	t.Parallel()
 	x := setup(t, fake.Config{Models: []string{"m1"}, Dim: 3}, nil)
