@@ -50,6 +50,9 @@ type labelManager struct {
 	// room no load has taken over: until the unload succeeds it is not free, since a
 	// failed one puts the label back.
 	freeing int
+	// confirmOnKeep holds labels being unloaded that an attempt named for eviction and
+	// has sent its result since: if the unload fails, the dispatcher hears LOADED.
+	confirmOnKeep map[string]struct{}
 }
 
 // labelEntry is a loading or loaded label. Fields other than done are guarded by
@@ -201,12 +204,20 @@ func (m *labelManager) held() []string {
 }
 
 // confirmHeld sends a LOADED event for label if it is loaded: a correction for a
-// dispatcher that believes it gone.
+// dispatcher that believes it gone. While label is being unloaded (for an attempt
+// that gave up waiting), the event is sent if the unload fails and the label stays.
 func (m *labelManager) confirmHeld(label string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if e := m.entries[label]; e != nil && e.loaded {
 		m.emit(&pb.LabelEvent{Kind: pb.LabelEvent_KIND_LOADED, Label: label})
+		return
+	}
+	if _, ok := m.unloading[label]; ok {
+		if m.confirmOnKeep == nil {
+			m.confirmOnKeep = make(map[string]struct{})
+		}
+		m.confirmOnKeep[label] = struct{}{}
 	}
 }
 
@@ -444,6 +455,7 @@ func (m *labelManager) evict(label, forLabel string) (time.Duration, error) {
 	}
 	m.mu.Lock()
 	delete(m.unloading, label)
+	delete(m.confirmOnKeep, label)
 	m.emit(&pb.LabelEvent{Kind: pb.LabelEvent_KIND_EVICTED, Label: label, DurationUs: d.Microseconds()})
 	m.broadcastLocked()
 	m.mu.Unlock()
@@ -469,6 +481,10 @@ func (m *labelManager) keepLocked(label string) {
 	// Most recently used, so that the next eviction tries the other labels first
 	// rather than fail on this one again.
 	m.recency.Add(label, struct{}{})
+	if _, ok := m.confirmOnKeep[label]; ok {
+		delete(m.confirmOnKeep, label)
+		m.emit(&pb.LabelEvent{Kind: pb.LabelEvent_KIND_LOADED, Label: label})
+	}
 	m.broadcastLocked()
 }
 

@@ -198,17 +198,18 @@ func (a *agent) assign(s *session, asg *pb.TaskAssignment) {
 	}
 	a.mu.Unlock()
 	a.finish(s, asg, received, outcome{err: errors.New(refusal), refused: refused})
-	a.confirmKept(asg, "")
+	a.confirmKept(asg)
 }
 
 // confirmKept tells the dispatcher, after an attempt's result, that the label its
 // assignment named for eviction is still loaded. The dispatcher drops that label from
 // its view when it assigns; an attempt that never started its load (refused, over
-// before it began), found room, or had to evict another label leaves it here. After
-// the result, so that the dispatcher has first let go of a load that did not happen
-// and has room in its view for the label again.
-func (a *agent) confirmKept(asg *pb.TaskAssignment, evicted string) {
-	if v := asg.GetEvictLabel(); v != "" && v != evicted {
+// before it began), found room, had to evict another label, or whose eviction failed
+// leaves it here, and so may one that gave up while the eviction ran (told when the
+// unload fails). After the result, so that the dispatcher has first let go of a load
+// that did not happen and has room in its view for the label again.
+func (a *agent) confirmKept(asg *pb.TaskAssignment) {
+	if v := asg.GetEvictLabel(); v != "" {
 		a.labels.confirmHeld(v)
 	}
 }
@@ -302,7 +303,7 @@ func (a *agent) runTask(ctx context.Context, s *session, asg *pb.TaskAssignment,
 	// the moment it reads this result.
 	a.releaseSlot(key)
 	a.finish(s, asg, received, o)
-	a.confirmKept(asg, o.label.evicted)
+	a.confirmKept(asg)
 }
 
 // releaseSlot gives back the session slot an attempt holds.

@@ -363,6 +363,49 @@ func TestCancelEndsTheAttempt(t *testing.T) {
 	}
 }
 
+// The dispatcher drops the label it names for eviction from its view when it assigns.
+// An attempt that gives up while that eviction runs sends its result first; if the
+// unload then fails, the label is still loaded, and the dispatcher must hear so (a
+// LOADED after the result), or it would not route the label here until the next hello.
+func TestEvictionFailedAfterTheAttemptGaveUpIsTold(t *testing.T) {
+	t.Parallel()
+	unloading, release := make(chan struct{}), make(chan struct{})
+	fake := backendtest.New()
+	fake.OnUnload = func(_ context.Context, label string) error {
+		close(unloading)
+		<-release
+		return errors.New("unload refused")
+	}
+	h := setup(t, withFake(fake), withConfig(func(c *agent.Config) { c.MaxLabels = 1 }))
+	p := h.connect()
+	if r := p.run("t1", "a", ""); !r.GetOk() {
+		t.Fatalf("t1: %v", r)
+	}
+	p.assign(&pb.TaskAssignment{TaskId: "t2", Label: "b", EvictLabel: "a"})
+	<-unloading
+	p.send(&pb.Envelope{Body: &pb.Envelope_Cancel{Cancel: &pb.Cancel{TaskId: "t2", Attempt: 1, Reason: "producer went away"}}})
+	if r := p.result(); r.GetTaskId() != "t2" || r.GetOk() {
+		t.Fatalf("result %v, want t2 cancelled", r)
+	}
+	p.events = nil
+	close(release)
+	for {
+		ev := p.read().GetLabelEvent()
+		if ev == nil {
+			t.Fatal("a frame other than a label event")
+		}
+		if ev.GetKind() == pb.LabelEvent_KIND_LOADED && ev.GetLabel() == "a" {
+			break
+		}
+	}
+	if r := p.run("t3", "a", ""); !r.GetOk() || r.GetLabelMiss() {
+		t.Fatalf("t3 on the label kept: %v, want a hit", r)
+	}
+	if err := h.stop(p); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+}
+
 // A deadline that passes while the attempt runs cancels it, and the result says so;
 // the one timer is re-armed for the attempt with the next deadline.
 func TestDeadlineEndsTheRunningAttempt(t *testing.T) {
