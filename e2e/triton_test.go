@@ -3,6 +3,8 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -102,5 +104,49 @@ func TestTritonBackend(t *testing.T) {
 	}
 	if shipped != 2+7 { // 2 label misses; 6 tasks and the unknown type completed
 		t.Fatalf("collector holds %d label-miss and task-completed records, want 9", shipped)
+	}
+}
+
+// A model uploaded to Triton's repository while the stack runs is routable without a
+// restart: a task for it waits (no worker lists it yet, and the fleet has just
+// changed), the agent's inventory check finds the new folder, tells the dispatcher,
+// and the task runs on Triton's real HTTP path.
+func TestTritonModelUploadedWhileRunning(t *testing.T) {
+	t.Parallel()
+	s := &stack{t: t, addr: freeAddr(t), agents: map[string]*proc{}}
+	s.startDispatcher(stackOpts{})
+	repo, tritonAddr := t.TempDir(), freeAddr(t)
+	start(t, "fake-triton#upload", "--addr", tritonAddr, "--models", "label-a", "--repository", repo,
+		"--load-delay", "20ms", "--unload-delay", "10ms", "--dim", "4")
+	s.agents["upload"] = start(t, "worker-agent#upload",
+		"--dispatcher-url", "ws://"+s.addr+"/worker-listen", "--worker-id", "upload", "--log-level", "debug",
+		"--backend", "triton", "--triton-url", "http://"+tritonAddr, "--triton-start-timeout", "20s",
+		"--inventory-interval", "100ms")
+	s.waitWorkers(1)
+
+	infer := `{"inputs":[{"name":"input_ids","shape":[1,3],"datatype":"INT64","data":[1,2,3]}],"outputs":[{"name":"sentence_embedding"}]}`
+	body, _ := json.Marshal(map[string]any{"task_id": "uploaded-1", "task_type": "infer", "label": "label-new",
+		"parameters_json": infer, "return_result": false, "timeout_ms": 60000})
+	if code, a := s.run(string(body)); code != 202 {
+		t.Fatalf("submit before the upload: %d %+v", code, a)
+	}
+	if err := os.Mkdir(filepath.Join(repo, "label-new"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var got taskAnswer
+	s.eventually("the task for the uploaded model completed", func() bool {
+		return s.getJSON("/tasks/uploaded-1", &got) == 200 && (got.Status == "completed" || got.Status == "failed")
+	})
+	var result struct {
+		ModelName string `json:"model_name"`
+	}
+	if err := json.Unmarshal(got.Result, &result); got.Status != "completed" || err != nil || result.ModelName != "label-new" {
+		t.Fatalf("task for the uploaded model: %+v, want Triton's answer from label-new", got)
+	}
+	if n := grepLog(t, s.agents["upload"], `"message":"backend's loadable labels changed"`, `"added":["label-new"]`, `"dispatcher_told":true`); n != 1 {
+		t.Fatalf("agent logged the change %d times, want once", n)
+	}
+	if n := grepLog(t, s.disp, `"message":"worker's loadable labels changed"`); n != 1 {
+		t.Fatalf("dispatcher logged the change %d times, want once", n)
 	}
 }

@@ -10,6 +10,7 @@
 //
 //	--addr          127.0.0.1:8000   listen address (Triton's HTTP port)
 //	--models        model-a,model-b  comma-separated model folders in the repository
+//	--repository    none             also a model repository on disk: each folder in it is a model, read at every index and load (add one while it runs to upload a model)
 //	--load-model    none             comma-separated models loaded at start (Triton's --load-model)
 //	--load-delay    400ms            how long each load blocks
 //	--unload-delay  100ms            how long an unloaded model stays UNLOADING
@@ -43,6 +44,7 @@ func main() {
 	)
 	flag.StringVar(&addr, "addr", "127.0.0.1:8000", "listen address")
 	flag.StringVar(&models, "models", "model-a,model-b", "comma-separated model folders in the repository")
+	flag.StringVar(&cfg.RepositoryDir, "repository", "", "also a model repository on disk: each folder in it is a model, read at every index and load")
 	flag.StringVar(&preload, "load-model", "", "comma-separated models loaded at start")
 	flag.DurationVar(&cfg.LoadDelay, "load-delay", 400*time.Millisecond, "how long each load blocks")
 	flag.DurationVar(&cfg.UnloadDelay, "unload-delay", 100*time.Millisecond, "how long an unloaded model stays UNLOADING")

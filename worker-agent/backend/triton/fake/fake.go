@@ -41,6 +41,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -83,6 +84,11 @@ type Config struct {
 	// NotExplicit makes load and unload answer 503, as a server not started with
 	// --model-control-mode=explicit does.
 	NotExplicit bool
+	// RepositoryDir, when set, is a model repository on disk besides Models: each
+	// folder in it is a model, read at every index and load as Triton reads its
+	// repository, so that a folder added (an upload) or removed while the server runs
+	// shows there.
+	RepositoryDir string
 }
 
 // Server is the fake. It is an http.Handler; serve it with httptest.NewServer or
@@ -109,6 +115,7 @@ type Server struct {
 type model struct {
 	name        string
 	inRepo      bool
+	inDir       bool   // its folder was in RepositoryDir at the last read
 	state       string // "" means never loaded
 	reason      string
 	loadDelay   *time.Duration
@@ -402,6 +409,31 @@ func (s *Server) eventLocked(kind, name string) {
 	}
 }
 
+// readRepositoryLocked puts the folders of RepositoryDir in the repository and takes
+// out those it held at the last read that are gone. An unreadable folder reads as
+// empty, as Triton finds no models there.
+func (s *Server) readRepositoryLocked() {
+	if s.cfg.RepositoryDir == "" {
+		return
+	}
+	entries, _ := os.ReadDir(s.cfg.RepositoryDir)
+	found := make(map[string]bool, len(entries))
+	for _, e := range entries {
+		if e.IsDir() {
+			found[e.Name()] = true
+		}
+	}
+	for name, m := range s.models {
+		if m.inDir && !found[name] {
+			m.inDir, m.inRepo = false, false
+		}
+	}
+	for name := range found {
+		m := s.modelLocked(name)
+		m.inDir, m.inRepo = true, true
+	}
+}
+
 func (s *Server) modelLocked(name string) *model {
 	m := s.models[name]
 	if m == nil {
@@ -500,6 +532,7 @@ func (s *Server) index(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	s.mu.Lock()
+	s.readRepositoryLocked()
 	out := []indexEntry{}
 	for _, m := range s.models {
 		if m.state == StateUnloading {
@@ -539,6 +572,7 @@ func (s *Server) load(w http.ResponseWriter, r *http.Request) {
 	}
 
 	s.mu.Lock()
+	s.readRepositoryLocked()
 	m := s.modelLocked(name)
 	m.loadRequests++
 	// A load request counts as under way until it is answered or, once it has started

@@ -6,6 +6,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -18,14 +20,15 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 type client struct {
-	t   *testing.T
-	url string
+	t    *testing.T
+	url  string
+	http *http.Client // the server's own: another test's httptest Close closes the default transport's idle connections, failing a POST that had taken one
 }
 
 func serve(t *testing.T, f *fake.Server) *client {
 	srv := httptest.NewServer(f)
 	t.Cleanup(func() { f.Close(); srv.Close() })
-	return &client{t: t, url: srv.URL}
+	return &client{t: t, url: srv.URL, http: srv.Client()}
 }
 
 // do sends a request and returns the status and body.
@@ -35,7 +38,7 @@ func (c *client) do(method, path, body string) (int, string) {
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := c.http.Do(req)
 	if err != nil {
 		c.t.Fatalf("%s %s: %v", method, path, err)
 	}
@@ -145,7 +148,7 @@ func TestFollowsTritonFacts(t *testing.T) {
 	f.SetLive(true)
 	f.SetDown(true)
 	req, _ := http.NewRequestWithContext(context.Background(), "GET", c.url+"/v2/health/live", nil)
-	if resp, err := http.DefaultClient.Do(req); err == nil {
+	if resp, err := c.http.Do(req); err == nil {
 		resp.Body.Close()
 		t.Errorf("a down server answered %d", resp.StatusCode)
 	}
@@ -195,4 +198,30 @@ func TestNotExplicitAndDoubleLoads(t *testing.T) {
 	if err := json.Unmarshal([]byte(body), &idx); err != nil || len(idx) != 1 || idx[0]["state"] != "READY" {
 		t.Fatalf("index %s (%v)", body, err)
 	}
+}
+
+// With a repository folder, a model folder added while the server runs joins the index
+// and loads; one removed leaves it (unless loaded, as in Triton) and no longer loads.
+func TestRepositoryDirIsReadAtEveryIndexAndLoad(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	c := serve(t, fake.New(fake.Config{Models: []string{"a"}, RepositoryDir: dir}))
+	c.expect("POST", "/v2/repository/index", "", 200, `[{"name":"a"}]`)
+	for _, m := range []string{"b", "c"} {
+		if err := os.Mkdir(filepath.Join(dir, m), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "README"), nil, 0o644); err != nil { // not a model
+		t.Fatal(err)
+	}
+	c.expect("POST", "/v2/repository/index", "", 200, `[{"name":"a"},{"name":"b"},{"name":"c"}]`)
+	c.expect("POST", "/v2/repository/models/b/load", "", 200, "")
+	for _, m := range []string{"b", "c"} {
+		if err := os.Remove(filepath.Join(dir, m)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.expect("POST", "/v2/repository/models/c/load", "", 500, "failed to poll from model repository")
+	c.expect("POST", "/v2/repository/index", "", 200, `[{"name":"a"},{"name":"b","version":"1","state":"READY"}]`)
 }
