@@ -34,6 +34,11 @@ type fakeDispatcher struct {
 	answeredCh chan int
 }
 
+// noKeepAlive posts to the job's control address: another test's httptest Close closes
+// the default transport's idle connections, and a POST that had just taken one fails
+// (it is not retried, as a GET is).
+var noKeepAlive = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+
 func newFakeDispatcher(t *testing.T, answer func(ctx context.Context, req runTaskBody, line, nth int) (int, string)) *fakeDispatcher {
 	t.Helper()
 	f := &fakeDispatcher{answer: answer, seen: map[int]int{}, arrivedCh: make(chan int, 100000), answeredCh: make(chan int, 100000)}
@@ -290,7 +295,7 @@ func TestWorkTimeoutChangedWhileRunning(t *testing.T) {
 	go func() { done <- run(t, cfg) }()
 
 	waitFor(t, "line 2 to be in flight", func() bool { return len(f.requests(2)) == 1 })
-	resp, err := http.Post(base+"/work-timeout", "application/json", strings.NewReader(`{"timeout": -1}`))
+	resp, err := noKeepAlive.Post(base+"/work-timeout", "application/json", strings.NewReader(`{"timeout": -1}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -298,7 +303,7 @@ func TestWorkTimeoutChangedWhileRunning(t *testing.T) {
 	if resp.StatusCode != http.StatusBadRequest {
 		t.Errorf("a negative timeout got %d, want 400", resp.StatusCode)
 	}
-	resp, err = http.Post(base+"/work-timeout", "application/json", strings.NewReader(`{"timeout": 0.5}`))
+	resp, err = noKeepAlive.Post(base+"/work-timeout", "application/json", strings.NewReader(`{"timeout": 0.5}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -728,7 +733,7 @@ func TestWorkTimeoutAcceptsCurlDefaultContentType(t *testing.T) {
 	}
 	defer stop()
 	for _, ct := range []string{"application/x-www-form-urlencoded", "text/plain"} {
-		resp, err := http.Post("http://"+ln.Addr().String()+"/work-timeout", ct, strings.NewReader(`{"timeout": 1600}`))
+		resp, err := noKeepAlive.Post("http://"+ln.Addr().String()+"/work-timeout", ct, strings.NewReader(`{"timeout": 1600}`))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -33,7 +33,7 @@ func (b *bundle) send(method, path, body string, header ...string) (int, http.He
 	for i := 0; i+1 < len(header); i += 2 {
 		req.Header.Set(header[i], header[i+1])
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := b.client().Do(req)
 	if err != nil {
 		b.t.Fatal(err)
 	}

@@ -80,13 +80,26 @@ func (b *bundle) registered(id string) *workerConn {
 	return wc
 }
 
+// client sends the tests' requests: the server's own client, or, for a dispatcher run
+// outside httptest, one without keep-alive. Not the default client: httptest's Close
+// of another test's server closes its idle connections, and a POST that had just taken
+// one fails (it is not retried, as a GET is).
+func (b *bundle) client() *http.Client {
+	if c := b.srv.Client(); c != nil {
+		return c
+	}
+	return noKeepAlive
+}
+
+var noKeepAlive = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+
 func (b *bundle) wsURL() string {
 	return "ws" + strings.TrimPrefix(b.srv.URL, "http") + "/worker-listen"
 }
 
 func (b *bundle) post(path, body string) (int, map[string]any) {
 	b.t.Helper()
-	resp, err := http.Post(b.srv.URL+path, "application/json", strings.NewReader(body))
+	resp, err := b.client().Post(b.srv.URL+path, "application/json", strings.NewReader(body))
 	if err != nil {
 		b.t.Fatal(err)
 	}
@@ -105,7 +118,7 @@ func (b *bundle) get(path string) (int, map[string]any) {
 	if b.apiKey != "" {
 		req.Header.Set("X-API-Key", b.apiKey)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := b.client().Do(req)
 	if err != nil {
 		b.t.Fatal(err)
 	}
@@ -246,7 +259,7 @@ type answer struct {
 func (b *bundle) postAsync(body string) <-chan answer {
 	ch := make(chan answer, 1)
 	go func() {
-		resp, err := http.Post(b.srv.URL+"/run-task", "application/json", strings.NewReader(body))
+		resp, err := b.client().Post(b.srv.URL+"/run-task", "application/json", strings.NewReader(body))
 		if err != nil {
 			ch <- answer{status: -1}
 			return

@@ -209,7 +209,7 @@ func TestSyncRetryAfterBrokenConnectionAttaches(t *testing.T) {
 		strings.NewReader(`{"task_id":"retry-1","task_type":"t","label":"m"}`))
 	broken := make(chan error, 1)
 	go func() {
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := b.client().Do(req)
 		if err == nil {
 			resp.Body.Close()
 		}

@@ -32,6 +32,10 @@ func withTriton(t *testing.T, f *fake.Server) option {
 	}
 }
 
+// noKeepAlive sends the tests' own requests to the fake: another test's httptest Close
+// closes the default transport's idle connections, failing a POST that had taken one.
+var noKeepAlive = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+
 // runTyped assigns one task of a type and returns its result.
 func runTyped(p *peer, taskID, taskType, label, params string) *pb.TaskResult {
 	p.t.Helper()
@@ -367,7 +371,7 @@ func unloadBehindTheAgentsBack(t *testing.T, h *harness, f *fake.Server, label s
 	t.Helper()
 	events := f.Subscribe()
 	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, h.cfg.Triton.URL+"/v2/repository/models/"+label+"/unload", nil)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := noKeepAlive.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -507,7 +507,7 @@ func TestWaitStartedWaitsForALoadLeftUnderWay(t *testing.T) {
 	go func() {
 		defer close(loadDone)
 		req, _ := http.NewRequestWithContext(lctx, http.MethodPost, srv.URL+"/v2/repository/models/a/load", nil)
-		if resp, err := http.DefaultClient.Do(req); err == nil {
+		if resp, err := srv.Client().Do(req); err == nil {
 			_ = resp.Body.Close()
 		}
 	}()
@@ -584,7 +584,9 @@ func unloadBehindTheBackend(t *testing.T, x *bundle) <-chan string {
 	t.Helper()
 	events := x.fake.Subscribe()
 	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, x.srv.URL+"/v2/repository/models/m/unload", nil)
-	resp, err := http.DefaultClient.Do(req)
+	// The server's own client: another test's httptest Close closes the default
+	// transport's idle connections, and a POST that had just taken one fails.
+	resp, err := x.srv.Client().Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
