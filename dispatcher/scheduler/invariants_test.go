@@ -131,7 +131,7 @@ func TestRandomOperationsKeepIndexesTrue(t *testing.T) {
 			r := rand.New(rand.NewPCG(seed, 7))
 			var tasks []*Task
 			for step := 0; step < 400; step++ {
-				switch op := r.IntN(12); op {
+				switch op := r.IntN(13); op {
 				case 0:
 					id := fmt.Sprintf("w%d", r.IntN(5))
 					var ls []string
@@ -196,6 +196,12 @@ func TestRandomOperationsKeepIndexesTrue(t *testing.T) {
 				case 11:
 					b.s.Rebalance()
 					liveHead(t, b.s)
+				case 12: // a backend's repository changed
+					var loadable []string
+					for k := r.IntN(4); k > 0; k-- {
+						loadable = append(loadable, fmt.Sprintf("L%d", r.IntN(6)))
+					}
+					b.s.SetLoadable(fmt.Sprintf("w%d", r.IntN(5)), loadable)
 				}
 				check(t, b.s)
 			}
