@@ -81,6 +81,9 @@ type agent struct {
 	workCtx  context.Context
 	stopWork context.CancelCauseFunc
 	bg       sync.WaitGroup // the health and inventory pollers
+	// inventoryFailing: the last inventory check failed. Only the inventory poller
+	// touches it.
+	inventoryFailing bool
 
 	// cur is the live session, where label events and statuses go. It is stored with
 	// labels.mu and mu held (so a hello and the events after it are ordered), and
@@ -259,14 +262,23 @@ func (a *agent) start(ctx context.Context) error {
 // checkInventory asks the backend which labels it can load, so that a model added to
 // the repository becomes routable without a restart.
 func (a *agent) checkInventory(repo backend.Repository) {
-	ctx, cancel := context.WithTimeout(a.workCtx, a.cfg.InventoryInterval)
+	// Bounded like a handshake, not by the interval: a short interval must not fail
+	// every check of a slow index.
+	ctx, cancel := context.WithTimeout(a.workCtx, a.cfg.HandshakeTimeout)
 	labels, err := repo.Loadable(ctx)
 	cancel()
 	if err != nil {
-		// The health check reports a backend that is down; this only waits.
-		a.log.Debug().Err(err).Msg("backend inventory check failed")
+		// The health check reports a backend that is down; a failure while it is up
+		// is news once, not at every check.
+		ev := a.log.Debug()
+		if !a.inventoryFailing {
+			ev = a.log.Warn()
+		}
+		a.inventoryFailing = true
+		ev.Err(err).Msg("backend inventory check failed; new models wait for the next one")
 		return
 	}
+	a.inventoryFailing = false
 	a.refreshLoadable(labels)
 }
 
@@ -274,32 +286,40 @@ func (a *agent) checkInventory(repo backend.Repository) {
 // and the dispatcher hears of a change when it takes Inventory frames (else at the
 // next hello). Labels held stay held.
 func (a *agent) refreshLoadable(backendLabels []string) {
+	// Empty means any label on the wire: a repository that lists none of the labels
+	// (emptied, or mid-deploy) must not make this worker claim every label, nor, with
+	// --labels, every configured one (intersectLabels would return them all).
+	if len(backendLabels) == 0 {
+		return
+	}
 	loadable := intersectLabels(a.cfg.Labels, backendLabels)
 	if len(loadable) == 0 {
-		// Empty means any label on the wire: a repository that lists none of them
-		// (emptied, or mid-deploy) must not make this worker claim every label.
 		return
 	}
 	a.mu.Lock()
 	old := a.loadable
 	a.mu.Unlock()
-	if sameLabels(old, loadable) {
+	if sameLabels(old, loadable) { // only this poller writes a.loadable
 		return
 	}
-	// Only this poller writes a.loadable. The label manager first (its lock is never
-	// taken under a.mu): by the time the dispatcher hears, loads may start.
-	a.labels.setLoadable(loadable)
-	a.mu.Lock()
-	a.loadable = loadable
-	s := a.cur.Load()
-	tell := s != nil && s.inventoryUpdates
-	a.mu.Unlock()
+	// Under both locks (labels.mu first, the allowed order), and queued before either
+	// is let go: a result that found the new list in an acquire leaves after the
+	// Inventory (the dispatcher requeues a task refused for a label removed, and must
+	// by then know this worker cannot take it), and a catch-up Inventory in connect
+	// cannot overtake a newer one.
+	tell := false
+	a.labels.setLoadable(loadable, func() {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		a.loadable = loadable
+		if s := a.cur.Load(); s != nil && s.inventoryUpdates {
+			tell = true
+			s.send(inventoryFrame(loadable))
+		}
+	})
 	a.metrics.labelsSeen(loadable)
 	a.log.Info().Strs("added", missingFrom(old, loadable)).Strs("removed", missingFrom(loadable, old)).
 		Bool("dispatcher_told", tell).Msg("backend's loadable labels changed")
-	if tell {
-		s.send(inventoryFrame(loadable))
-	}
 }
 
 func inventoryFrame(loadable []string) *pb.Envelope {
@@ -478,11 +498,10 @@ func (a *agent) connect(ctx context.Context) (*session, error) {
 	// session did not yet know it could tell); it is told now, behind the hello.
 	a.mu.Lock()
 	s.inventoryUpdates = welcome.GetInventoryUpdates()
-	loadable := a.loadable
-	a.mu.Unlock()
-	if s.inventoryUpdates && !sameLabels(loadable, hello.GetHello().GetLoadableLabels()) {
-		s.send(inventoryFrame(loadable))
+	if s.inventoryUpdates && !sameLabels(a.loadable, hello.GetHello().GetLoadableLabels()) {
+		s.send(inventoryFrame(a.loadable)) // under a.mu: a newer list cannot go first
 	}
+	a.mu.Unlock()
 	a.log.Info().Uint64("conn", s.id).Str("dispatcher_id", welcome.GetDispatcherId()).
 		Strs("held_labels", hello.GetHello().GetHeldLabels()).Bool("unavailable", hello.GetHello().GetUnavailable()).
 		Msg("connected")

@@ -63,3 +63,53 @@ func TestLoadableChangeDuringTheHandshakeIsTold(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// An empty index (Triton restarted on an empty repository, mid-deploy) is ignored with
+// --labels set too, rather than widened to every configured label.
+func TestEmptyIndexIsIgnoredWithConfiguredLabels(t *testing.T) {
+	t.Parallel()
+	f := backendtest.New()
+	f.Inv.Loadable = []string{"a", "b"}
+	repo := &repository{Fake: f, lists: make(chan []string)}
+	h := setup(t, withFake(f), withConfig(func(c *agent.Config) {
+		c.Backend = repo
+		c.Labels = []string{"a", "b", "c"}
+		c.InventoryInterval = time.Millisecond
+	}))
+	p := h.connectWith(&pb.Welcome{ProtocolVersion: frame.ProtocolVersion, InventoryUpdates: true})
+	if got := p.hello.GetLoadableLabels(); !slices.Equal(got, []string{"a", "b"}) {
+		t.Fatalf("hello lists %q, want a and b", got)
+	}
+	repo.lists <- nil
+	repo.lists <- []string{"a"}
+	if got := p.next().GetInventory().GetLoadableLabels(); !slices.Equal(got, []string{"a"}) {
+		t.Fatalf("inventory %q, want a (the empty index ignored)", got)
+	}
+	if err := h.stop(p); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// An assignment the dispatcher sent before it read the Inventory that removed its
+// label is refused, to run elsewhere, not answered as the task's failure (a 502).
+func TestAssignmentCrossingARemovalIsRefused(t *testing.T) {
+	t.Parallel()
+	f := backendtest.New()
+	f.Inv.Loadable = []string{"a", "b"}
+	repo := &repository{Fake: f, lists: make(chan []string)}
+	h := setup(t, withFake(f), withConfig(func(c *agent.Config) {
+		c.Backend = repo
+		c.InventoryInterval = time.Millisecond
+	}))
+	p := h.connectWith(&pb.Welcome{ProtocolVersion: frame.ProtocolVersion, InventoryUpdates: true})
+	repo.lists <- []string{"a"}
+	if got := p.next().GetInventory().GetLoadableLabels(); !slices.Equal(got, []string{"a"}) {
+		t.Fatalf("inventory %q, want a", got)
+	}
+	if r := p.run("t1", "b", ""); !r.GetRefused() || r.GetLoadFailed() {
+		t.Fatalf("result %v, want refused", r)
+	}
+	if err := h.stop(p); err != nil {
+		t.Fatal(err)
+	}
+}

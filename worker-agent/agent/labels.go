@@ -142,12 +142,16 @@ func newLabelManager(ctx context.Context, b backend.Backend, capacity int, loada
 }
 
 // setLoadable replaces the labels loads may start for (empty means any), when the
-// backend's repository changed.
-func (m *labelManager) setLoadable(loadable []string) {
+// backend's repository changed, and calls then (if not nil) before any acquire can see
+// the change.
+func (m *labelManager) setLoadable(loadable []string, then func()) {
 	set := loadableSet(loadable)
 	m.mu.Lock()
+	defer m.mu.Unlock()
 	m.loadable = set
-	m.mu.Unlock()
+	if then != nil {
+		then()
+	}
 }
 
 func loadableSet(labels []string) map[string]struct{} {

@@ -248,13 +248,13 @@ func TestNotLoadableLabel(t *testing.T) {
 func TestSetLoadable(t *testing.T) {
 	t.Parallel()
 	m := newLabelManager(t.Context(), backendtest.New(), 2, []string{"a"}, zerolog.Nop(), func(*pb.LabelEvent) {})
-	m.setLoadable([]string{"a", "b"})
+	m.setLoadable([]string{"a", "b"}, nil)
 	lease, info, err := m.acquire(t.Context(), "b", "", taskRef{})
 	if err != nil || !info.miss {
 		t.Fatalf("acquire of the added label = %v, %+v; want a load", err, info)
 	}
 	lease.release()
-	m.setLoadable([]string{"a"})
+	m.setLoadable([]string{"a"}, nil)
 	lease, info, err = m.acquire(t.Context(), "b", "", taskRef{})
 	if err != nil || info.miss {
 		t.Fatalf("acquire of the removed label while loaded = %v, %+v; want a hit", err, info)

@@ -263,6 +263,9 @@ func (a *agent) runTask(ctx context.Context, s *session, asg *pb.TaskAssignment,
 	if err != nil {
 		var le *loadError // not above: errors.As moves it to the heap
 		o.loadFailed = errors.As(err, &le)
+		// The label left the backend's repository, and the assignment crossed the
+		// Inventory saying so: refused, the task runs elsewhere rather than fail.
+		o.refused = errors.Is(err, errNotLoadable)
 	}
 	if err == nil {
 		start := time.Now()
