@@ -775,6 +775,9 @@ type workerDetail struct {
 	Accepting      bool      `json:"accepting"`
 	ConnectedSince time.Time `json:"connected_since"`
 	Agent          string    `json:"agent,omitempty"`
+	// Loadable lists the labels its backend can load, sorted (its hello's, or the last
+	// Inventory's); absent when it can load any label.
+	Loadable []string `json:"loadable,omitempty"`
 }
 
 func (h *hub) workerDetails() []workerDetail {
@@ -782,6 +785,9 @@ func (h *hub) workerDetails() []workerDetail {
 	// Sorted after the lock: with 10,000 workers the sort took longer than the walk, and
 	// no task is routed while the hub's lock is held.
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	for _, d := range out {
+		sort.Strings(d.Loadable)
+	}
 	return out
 }
 
@@ -791,6 +797,7 @@ func (h *hub) workerSnapshot() []workerDetail {
 	defer h.mu.Unlock()
 	out := make([]workerDetail, 0, len(h.workers))
 	labels := make([]string, 0, 2*len(h.workers)) // all views' labels, in a few arrays
+	var loadables []string                        // and their loadable labels, likewise
 	for id, wc := range h.workers {
 		v, rest, ok := h.sched.AppendWorker(labels, id)
 		labels = rest
@@ -801,8 +808,15 @@ func (h *hub) workerSnapshot() []workerDetail {
 		if labels == nil {
 			labels = []string{}
 		}
+		start := len(loadables)
+		loadables = h.sched.AppendLoadable(loadables, id)
+		var loadable []string
+		if len(loadables) > start {
+			loadable = loadables[start:len(loadables):len(loadables)]
+		}
 		out = append(out, workerDetail{ID: id, Labels: labels, MaxLabels: v.MaxLabels, Slots: v.Slots, Running: v.Running,
-			Busy: v.Running >= v.Slots, Accepting: v.Accepting, ConnectedSince: wc.connectedAt, Agent: wc.agent})
+			Busy: v.Running >= v.Slots, Accepting: v.Accepting, ConnectedSince: wc.connectedAt, Agent: wc.agent,
+			Loadable: loadable})
 	}
 	return out
 }

@@ -147,6 +147,10 @@ func TestInventoryMakesANewLabelRoutable(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond) // polling an observable state
 	}
+	code, det := b.get("/workers?detail=true")
+	if ws, _ := det["workers"].([]any); code != 200 || len(ws) != 1 || fmt.Sprint(ws[0].(map[string]any)["loadable"]) != "[bert resnet50]" {
+		t.Fatalf("/workers?detail=true after the Inventory: %d %v, want loadable [bert resnet50]", code, det)
+	}
 	ans := b.postAsync(`{"task_id":"inv-2","task_type":"x","label":"bert"}`)
 	a := w.assignment()
 	if a.GetLabel() != "bert" {
