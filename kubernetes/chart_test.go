@@ -397,6 +397,9 @@ func TestChartDefaultValues(t *testing.T) {
 	if got := ae["TRITON_START_TIMEOUT"].Value; got != "600s" {
 		t.Errorf("TRITON_START_TIMEOUT = %q, want 600s (workers.triton.startupSeconds)", got)
 	}
+	if got := ae["INVENTORY_INTERVAL"].Value; got != "30s" {
+		t.Errorf("INVENTORY_INTERVAL = %q, want 30s (workers.modelRepository.inventorySeconds)", got)
+	}
 	if ru := w.Spec.Strategy.RollingUpdate; w.Spec.Strategy.Type != appsv1.RollingUpdateDeploymentStrategyType || ru == nil ||
 		ru.MaxSurge.String() != "1" || ru.MaxUnavailable.String() != "0" {
 		t.Errorf("worker strategy = %+v, want a rolling update adding a worker before removing one", w.Spec.Strategy)
@@ -538,8 +541,10 @@ func TestChartKindValues(t *testing.T) {
 	if got := ae["BACKEND"].Value; got != "sim" {
 		t.Errorf("kind BACKEND = %q, want sim", got)
 	}
-	if v, ok := ae["TRITON_START_TIMEOUT"]; ok {
-		t.Errorf("sim backend gets TRITON_START_TIMEOUT %q", v.Value)
+	for _, name := range []string{"TRITON_START_TIMEOUT", "INVENTORY_INTERVAL"} {
+		if v, ok := ae[name]; ok {
+			t.Errorf("sim backend gets %s %q", name, v.Value)
+		}
 	}
 	svc := one[*corev1.Service](t, r, "sr-smartroute-dispatcher")
 	if svc.Spec.Type != corev1.ServiceTypeNodePort || svc.Spec.Ports[0].NodePort != 30080 {
