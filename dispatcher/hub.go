@@ -443,6 +443,9 @@ func (h *hub) apply(out *scheduler.Outcome) {
 	}
 	for _, f := range out.Failed {
 		rec := f.Task.Ref.(*taskRecord)
+		if f.Task.Attempt == 0 { // failed in the queue: all of its time was queue time
+			rec.queueTime = h.clock.Now().Sub(f.Task.Enqueued)
+		}
 		status, msg := http.StatusGatewayTimeout, f.Reason.String()
 		switch f.Reason {
 		case scheduler.FailAttempts:

@@ -161,3 +161,21 @@ func TestInventoryMakesANewLabelRoutable(t *testing.T) {
 		t.Fatalf("task for the label the repository gained: %v", got)
 	}
 }
+
+// A task submitted while the fleet is changing, for a label no worker's backend lists,
+// is answered 503 once the fleet has settled, not held until its deadline; its
+// queue_ms is the time it waited.
+func TestQueuedTaskNoWorkerCanLoadAnswers503OnceSettled(t *testing.T) {
+	t.Parallel()
+	// Long enough that the submission lands within it after the worker connects.
+	b := setup(t, Config{Scheduler: scheduler.Config{FleetSettle: time.Second}})
+	b.dialHello(&pb.Hello{ProtocolVersion: frame.ProtocolVersion, WorkerId: "w1", MaxLabels: 2, Slots: 1, LoadableLabels: []string{"resnet50"}})
+	ans := b.postAsync(`{"task_id":"typo-1","task_type":"x","label":"resnet-50","timeout_ms":60000}`)
+	got := <-ans
+	if msg, _ := got.body["error"].(string); got.status != 503 || !strings.Contains(msg, `no connected worker can load label "resnet-50"`) {
+		t.Fatalf("task for a label no worker can load, submitted within FleetSettle: %v", got)
+	}
+	if code, v := b.get("/tasks/typo-1"); code != 200 || v["status"] != "failed" || v["queue_ms"].(float64) <= 0 {
+		t.Fatalf("GET /tasks/typo-1: %d %v, want failed with the time it queued", code, v)
+	}
+}

@@ -228,8 +228,13 @@ type Scheduler struct {
 	// connected worker can ever take rather than hold it until its deadline.
 	anyLabel   int
 	loadableBy map[string]int
-	// fleetChanged is when a worker last connected or left (see FleetSettle).
+	// fleetChanged is when a worker last connected or left, or changed what it can
+	// load (see FleetSettle).
 	fleetChanged time.Time
+	// sweepUnloadable: tasks may be queued for a label no connected worker can load
+	// (queued while the fleet was changing, or left so by a worker leaving or its
+	// backend's list shrinking). Rebalance fails them once the fleet has settled.
+	sweepUnloadable bool
 
 	// Recycled records: labels come and go with every load on a large label set, and
 	// reusing their records keeps the load path free of allocations.
@@ -318,6 +323,7 @@ func (s *Scheduler) AddWorker(spec WorkerSpec) (*Outcome, error) {
 	s.workers[spec.ID] = w
 	s.countLoadable(w, 1)
 	s.fleetChanged = s.now
+	s.sweepUnloadable = s.sweepUnloadable || s.queued > 0
 	labels := spec.Labels
 	if len(labels) > w.capacity {
 		labels = labels[len(labels)-w.capacity:]
@@ -347,6 +353,7 @@ func (s *Scheduler) RemoveWorker(id string) (*Outcome, error) {
 	delete(s.workers, id)
 	s.countLoadable(w, -1)
 	s.fleetChanged = s.now
+	s.sweepUnloadable = true
 	lost := w.running
 	w.running = nil
 	// Requeue newest first so that, pushed to the front one by one, the oldest ends first.
@@ -401,6 +408,10 @@ func (s *Scheduler) SetLoadable(id string, loadable []string) (*Outcome, error) 
 	s.countLoadable(w, -1)
 	w.loadable = loadableSet(loadable)
 	s.countLoadable(w, 1)
+	// As when a worker comes or goes: another agent may be about to report the label
+	// (a model being replaced), so tasks for one no worker lists wait out FleetSettle.
+	s.fleetChanged = s.now
+	s.sweepUnloadable = true
 	s.fill(w)
 	return out, nil
 }
@@ -462,6 +473,9 @@ func (s *Scheduler) Submit(t *Task) (*Outcome, error) {
 	t.labelState.arrived(t.Enqueued)
 	if !s.place(t) {
 		s.enqueue(t, false)
+		if !s.loadableNow(t.Label) { // it waits only because the fleet is changing
+			s.sweepUnloadable = true
+		}
 	}
 	return out, nil
 }
@@ -485,7 +499,12 @@ func (s *Scheduler) countLoadable(w *worker, delta int) {
 // true: a worker that can may yet connect, and the task waits for it within its
 // deadline.
 func (s *Scheduler) someWorkerCanLoad(label string) bool {
-	if len(s.workers) == 0 || s.anyLabel > 0 || s.loadableBy[label] > 0 || s.now.Sub(s.fleetChanged) < s.cfg.FleetSettle {
+	return len(s.workers) == 0 || s.now.Sub(s.fleetChanged) < s.cfg.FleetSettle || s.loadableNow(label)
+}
+
+// loadableNow reports whether a connected worker can load label, or holds it.
+func (s *Scheduler) loadableNow(label string) bool {
+	if s.anyLabel > 0 || s.loadableBy[label] > 0 {
 		return true
 	}
 	ls := s.labels[label]
@@ -1158,6 +1177,7 @@ func (s *Scheduler) offerFree() {
 func (s *Scheduler) Rebalance() *Outcome {
 	out := s.reset()
 	s.pruneFailing()
+	s.failUnloadable()
 	// Another pass when one assigned something: a holder that took a task may have made
 	// the wait for it long enough that a worker looked at earlier should load instead.
 	for pass := 0; pass < 3 && s.queued > 0 && s.free.len() > 0; pass++ {
@@ -1168,6 +1188,31 @@ func (s *Scheduler) Rebalance() *Outcome {
 		}
 	}
 	return out
+}
+
+// failUnloadable fails the queued tasks whose label no connected worker can load, once
+// the fleet has settled: Submit lets them wait while workers come and go, and without
+// this they would wait out their deadline (five minutes by default) for a worker that
+// is not coming, to end in a 504 rather than the 503 a later submission gets at once.
+func (s *Scheduler) failUnloadable() {
+	if !s.sweepUnloadable || len(s.workers) == 0 || s.now.Sub(s.fleetChanged) < s.cfg.FleetSettle {
+		return
+	}
+	s.sweepUnloadable = false
+	if s.anyLabel > 0 {
+		return
+	}
+	for name, ls := range s.labels {
+		if ls.queued == 0 || s.loadableNow(name) {
+			continue
+		}
+		for ls.queue.head != nil { // unqueue may forget ls; deleting while ranging is fine
+			t := ls.queue.head
+			s.unqueue(t)
+			t.state = stateDone
+			s.out.Failed = append(s.out.Failed, Failure{Task: t, Reason: FailNoWorkerCanLoad})
+		}
+	}
 }
 
 // passOverScan bounds how far down the global queue a freed worker looks for a task it

@@ -652,6 +652,70 @@ func TestSetLoadable(t *testing.T) {
 	}
 }
 
+// A task queued while the fleet was changing, for a label no worker turns out to be
+// able to load, fails once the fleet has settled (at the next Rebalance) rather than
+// wait out its deadline; so do queued tasks whose last possible worker left or stopped
+// listing the label. Tasks some worker can load, and all tasks while no worker is
+// connected, go on waiting.
+func TestQueuedTaskForAnUnloadableLabelFailsOnceSettled(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{FleetSettle: 10 * time.Second})
+	failed := func() []string {
+		t.Helper()
+		var ids []string
+		for _, f := range b.s.Rebalance().Failed {
+			if f.Reason != FailNoWorkerCanLoad {
+				t.Fatalf("task %s failed for %v", f.Task.ID, f.Reason)
+			}
+			ids = append(ids, f.Task.Label)
+		}
+		return ids
+	}
+	if _, err := b.s.AddWorker(WorkerSpec{ID: "w1", MaxLabels: 2, Slots: 1, Loadable: []string{"X", "Z"}}); err != nil {
+		t.Fatal(err)
+	}
+	one(t, b.submit(b.task("X"))) // w1 is busy from here on
+	typo, z := b.task("typo"), b.task("Z")
+	none(t, b.submit(typo)) // within FleetSettle: it waits
+	none(t, b.submit(z))
+	b.clock.advance(5 * time.Second)
+	if got := failed(); len(got) != 0 {
+		t.Fatalf("failed within FleetSettle: %v", got)
+	}
+	b.clock.advance(5 * time.Second)
+	if got := failed(); len(got) != 1 || got[0] != "typo" || typo.Queued() || !z.Queued() {
+		t.Fatalf("once settled, failed %v; want typo alone (z queued %v)", got, z.Queued())
+	}
+	check(t, b.s)
+
+	if _, err := b.s.SetLoadable("w1", []string{"X"}); err != nil { // Z left the repository
+		t.Fatal(err)
+	}
+	b.clock.advance(10 * time.Second)
+	if got := failed(); len(got) != 1 || got[0] != "Z" {
+		t.Fatalf("after Z left the only backend that listed it: failed %v", got)
+	}
+	check(t, b.s)
+
+	x := b.task("X")
+	none(t, b.submit(x)) // waits for busy w1, which can load it
+	if _, err := b.s.RemoveWorker("w1"); err != nil {
+		t.Fatal(err)
+	}
+	b.clock.advance(10 * time.Second)
+	if got := failed(); len(got) != 0 || !x.Queued() {
+		t.Fatalf("with no worker connected, failed %v; want every task waiting", got)
+	}
+	if _, err := b.s.AddWorker(WorkerSpec{ID: "w2", MaxLabels: 1, Slots: 1, Loadable: []string{"Y"}}); err != nil {
+		t.Fatal(err)
+	}
+	b.clock.advance(10 * time.Second)
+	if got := failed(); len(got) != 2 || got[0] != "X" || got[1] != "X" {
+		t.Fatalf("with only w2 (Y) connected: failed %v, want both X tasks", got)
+	}
+	check(t, b.s)
+}
+
 func TestUnavailableWorkerTakesNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t, Config{})
