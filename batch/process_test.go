@@ -137,6 +137,16 @@ func TestBadFlagValueExits2(t *testing.T) {
 	}
 }
 
+// -h prints the usage and exits 0, as the other commands do: help asked for is not bad
+// usage.
+func TestHelpExits0(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command(buildBatch(t), "-h").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "-dispatcher") {
+		t.Errorf("batch -h: %v, want exit status 0 and the usage\n%s", err, out)
+	}
+}
+
 // Ctrl-C (SIGINT) stops the job: the lines written are checkpointed, the exit status
 // is 130 and the message says to run the command again. When that last checkpoint
 // fails, the message must not say the lines are checkpointed: the job exits 1 with the

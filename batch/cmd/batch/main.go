@@ -68,6 +68,9 @@ func run() (int, error) {
 	logLevel := fs.String("log-level", "info", "log level (JSON on stderr)")
 	fs.VisitAll(func(f *flag.Flag) { f.Usage += " (env " + envName(f.Name) + ")" })
 	if err := fs.Parse(os.Args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0, err // asked for: not bad usage
+		}
 		return 2, err
 	}
 	if fs.NArg() > 0 {

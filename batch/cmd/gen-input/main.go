@@ -18,9 +18,10 @@ import (
 
 func main() {
 	if err := run(); err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(os.Stderr, "gen-input:", err)
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0) // asked for, as the other commands answer -h
 		}
+		fmt.Fprintln(os.Stderr, "gen-input:", err)
 		os.Exit(1)
 	}
 }

@@ -9,8 +9,8 @@
 // Flags:
 //
 //	--addr          127.0.0.1:8000   listen address (Triton's HTTP port)
-//	--models        model-a,model-b  comma-separated model folders in the repository
-//	--repository    none             also a model repository on disk: each folder in it is a model, read at every index and load (add one while it runs to upload a model)
+//	--models        model-a,model-b  comma-separated model folders in the repository (none by default with --repository)
+//	--repository    none             a model repository on disk: each folder in it is a model too, read at every index and load (add one while it runs to upload a model)
 //	--load-model    none             comma-separated models loaded at start (Triton's --load-model)
 //	--load-delay    400ms            how long each load blocks
 //	--unload-delay  100ms            how long an unloaded model stays UNLOADING
@@ -43,8 +43,8 @@ func main() {
 		cfg                            fake.Config
 	)
 	flag.StringVar(&addr, "addr", "127.0.0.1:8000", "listen address")
-	flag.StringVar(&models, "models", "model-a,model-b", "comma-separated model folders in the repository")
-	flag.StringVar(&cfg.RepositoryDir, "repository", "", "also a model repository on disk: each folder in it is a model, read at every index and load")
+	flag.StringVar(&models, "models", "model-a,model-b", "comma-separated model folders in the repository (none by default with --repository)")
+	flag.StringVar(&cfg.RepositoryDir, "repository", "", "a model repository on disk: each folder in it is a model too, read at every index and load")
 	flag.StringVar(&preload, "load-model", "", "comma-separated models loaded at start")
 	flag.DurationVar(&cfg.LoadDelay, "load-delay", 400*time.Millisecond, "how long each load blocks")
 	flag.DurationVar(&cfg.UnloadDelay, "unload-delay", 100*time.Millisecond, "how long an unloaded model stays UNLOADING")
@@ -55,6 +55,11 @@ func main() {
 	if flag.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "fake-triton: unexpected arguments %q\n", flag.Args())
 		os.Exit(2)
+	}
+	modelsGiven := false
+	flag.Visit(func(f *flag.Flag) { modelsGiven = modelsGiven || f.Name == "models" })
+	if cfg.RepositoryDir != "" && !modelsGiven {
+		models = "" // the repository's folders are the models
 	}
 	cfg.Models, cfg.Preload = split(models), split(preload)
 	f := fake.New(cfg)
