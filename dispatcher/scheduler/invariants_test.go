@@ -127,7 +127,7 @@ func check(t *testing.T, s *Scheduler) {
 func TestRandomOperationsKeepIndexesTrue(t *testing.T) {
 	for _, pol := range []Policy{PolicyAffinity, PolicyRandom} {
 		for seed := uint64(0); seed < 300; seed++ {
-			b := setup(t, Config{Policy: pol, Seed: seed, MaxAttempts: 2})
+			b := setup(t, Config{Policy: pol, Seed: seed, MaxAttempts: 2, FleetSettle: time.Second}) // short: the sweep of unloadable queued tasks runs too
 			r := rand.New(rand.NewPCG(seed, 7))
 			var tasks []*Task
 			for step := 0; step < 400; step++ {
