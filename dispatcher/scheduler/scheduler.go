@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"time"
 )
 
@@ -1194,6 +1195,7 @@ func (s *Scheduler) Rebalance() *Outcome {
 // the fleet has settled: Submit lets them wait while workers come and go, and without
 // this they would wait out their deadline (five minutes by default) for a worker that
 // is not coming, to end in a 504 rather than the 503 a later submission gets at once.
+// It walks every label's state, but only once after a change that may leave tasks so.
 func (s *Scheduler) failUnloadable() {
 	if !s.sweepUnloadable || len(s.workers) == 0 || s.now.Sub(s.fleetChanged) < s.cfg.FleetSettle {
 		return
@@ -1202,11 +1204,16 @@ func (s *Scheduler) failUnloadable() {
 	if s.anyLabel > 0 {
 		return
 	}
+	var unloadable []string
 	for name, ls := range s.labels {
-		if ls.queued == 0 || s.loadableNow(name) {
-			continue
+		if ls.queued > 0 && !s.loadableNow(name) {
+			unloadable = append(unloadable, name)
 		}
-		for ls.queue.head != nil { // unqueue may forget ls; deleting while ranging is fine
+	}
+	slices.Sort(unloadable) // failures in a fixed order: the scheduler is deterministic
+	for _, name := range unloadable {
+		ls := s.labels[name]
+		for ls.queue.head != nil { // oldest first; unqueue may forget ls, emptying it
 			t := ls.queue.head
 			s.unqueue(t)
 			t.state = stateDone
@@ -1397,6 +1404,11 @@ func (s *Scheduler) dropHeld(w *worker, i int) {
 	}
 	h.state.all.remove(h.allPos)
 	h.state.holders--
+	if h.state.holders == 0 && h.state.queued > 0 {
+		// Its queued tasks may have waited only for this copy (its backend no longer
+		// lists the label): the sweep looks at them again.
+		s.sweepUnloadable = true
+	}
 	last := len(w.held) - 1
 	w.held[i] = w.held[last]
 	w.held[last] = nil

@@ -716,6 +716,57 @@ func TestQueuedTaskForAnUnloadableLabelFailsOnceSettled(t *testing.T) {
 	check(t, b.s)
 }
 
+// A label whose backend stopped listing it while a worker still held it keeps its
+// queued tasks through the sweep; when that last copy goes, they fail at the next
+// sweep rather than wait out their deadline (found by a review).
+func TestQueuedTaskFailsWhenTheLastCopyOfAnUnlistedLabelGoes(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{FleetSettle: 10 * time.Second})
+	if _, err := b.s.AddWorker(WorkerSpec{ID: "w1", MaxLabels: 2, Slots: 1, Labels: []string{"Z"}, Loadable: []string{"X", "Z"}}); err != nil {
+		t.Fatal(err)
+	}
+	b.clock.advance(10 * time.Second)
+	one(t, b.submit(b.task("X"))) // w1 busy
+	z := b.task("Z")
+	none(t, b.submit(z))                                            // waits for its busy holder
+	if _, err := b.s.SetLoadable("w1", []string{"X"}); err != nil { // Z left the repository
+		t.Fatal(err)
+	}
+	b.clock.advance(10 * time.Second)
+	if f := b.s.Rebalance().Failed; len(f) != 0 || !z.Queued() {
+		t.Fatalf("failed %d while w1 still holds Z; want it waiting", len(f))
+	}
+	b.s.LabelGone("w1", "Z") // unloaded: nobody holds or lists Z now
+	if f := b.s.Rebalance().Failed; len(f) != 1 || f[0].Task != z || f[0].Reason != FailNoWorkerCanLoad {
+		t.Fatalf("after the last copy went: failed %+v, want the queued Z task", f)
+	}
+	check(t, b.s)
+}
+
+// A worker leaving, with nobody joining, is enough to fail the tasks only it could
+// load once the fleet settles.
+func TestQueuedTaskFailsWhenItsOnlyLoaderLeaves(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{FleetSettle: 10 * time.Second})
+	for _, spec := range []WorkerSpec{{ID: "w1", MaxLabels: 1, Slots: 1, Loadable: []string{"X"}}, {ID: "w2", MaxLabels: 1, Slots: 1, Loadable: []string{"Y"}}} {
+		if _, err := b.s.AddWorker(spec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.clock.advance(10 * time.Second)
+	one(t, b.submit(b.task("X")))
+	x := b.task("X")
+	none(t, b.submit(x))
+	if _, err := b.s.RemoveWorker("w1"); err != nil {
+		t.Fatal(err)
+	}
+	b.clock.advance(10 * time.Second)
+	if f := b.s.Rebalance().Failed; len(f) != 2 || x.Queued() {
+		t.Fatalf("after its only loader left: failed %d, want both X tasks (the running one requeued)", len(f))
+	}
+	check(t, b.s)
+}
+
 func TestUnavailableWorkerTakesNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t, Config{})

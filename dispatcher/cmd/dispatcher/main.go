@@ -89,6 +89,7 @@ func run(args []string) error {
 	failThreshold := fs.Int("label-failure-threshold", 3, "load failures of a label within --label-failure-window that mark it failing")
 	failWindow := fs.Duration("label-failure-window", time.Minute, "window in which load failures of a label are counted")
 	failCooldown := fs.Duration("label-failure-cooldown", 30*time.Second, "how long a failing label's tasks fail at once (503) before a load is tried again")
+	fleetSettle := fs.Duration("fleet-settle", 30*time.Second, "how long after a worker connects, leaves or changes what it can load a task for a label no worker can load waits, rather than fail with 503")
 	dataDir := fs.String("data-dir", "./data", "directory of the journal of asynchronous tasks (--data-dir= on the command line: no journal, a crash loses them)")
 	lockTimeout := fs.Duration("journal-lock-timeout", time.Second, "how long to wait for another dispatcher to release the journal in --data-dir (a pod being replaced) before failing")
 	retention := fs.Duration("task-retention", 10*time.Minute, "how long a finished task answers GET /tasks/{id} and resubmissions of its id")
@@ -142,7 +143,8 @@ func run(args []string) error {
 		RandomDispatch: *random,
 		Scheduler: scheduler.Config{Policy: scheduler.Policy(*policy), MaxAttempts: *maxAttempts,
 			LoadTimePrior: *loadPrior, RunTimePrior: *runPrior, MaxPassOver: *passOver, PassOverLoads: *passOverLoads,
-			LabelFailureThreshold: *failThreshold, LabelFailureWindow: *failWindow, LabelFailureCooldown: *failCooldown},
+			LabelFailureThreshold: *failThreshold, LabelFailureWindow: *failWindow, LabelFailureCooldown: *failCooldown,
+			FleetSettle: *fleetSettle},
 		TaskTimeout:        *taskTimeout,
 		ShutdownTimeout:    *shutdownTimeout,
 		UploaderURL:        *uploaderURL,
@@ -215,7 +217,7 @@ var zeroMeansDefault = []string{
 	"task-timeout", "shutdown-timeout", "max-queued", "max-attempts", "load-time-prior", "run-time-prior",
 	"max-pass-over", "pass-over-loads", "metrics-max-labels", "max-body-bytes", "max-params-bytes",
 	"send-queue-frames", "max-frame-bytes", "label-failure-threshold", "label-failure-window",
-	"label-failure-cooldown", "task-retention", "task-retention-count", "task-retention-bytes", "journal-lock-timeout",
+	"label-failure-cooldown", "fleet-settle", "task-retention", "task-retention-count", "task-retention-bytes", "journal-lock-timeout",
 }
 
 // refuseZero refuses 0 for the flags in zeroMeansDefault, from the command line or

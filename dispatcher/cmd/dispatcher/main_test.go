@@ -84,7 +84,7 @@ func TestUnexpectedArgumentsRefused(t *testing.T) {
 // environment it is refused, not quietly replaced by 30s or 10m.
 func TestZeroThatWouldMeanTheDefaultIsRefused(t *testing.T) {
 	for _, args := range [][]string{
-		{"--label-failure-cooldown", "0"}, {"--task-retention=0s"}, {"--max-queued", "0"}, {"--task-retention-bytes", "0"},
+		{"--label-failure-cooldown", "0"}, {"--fleet-settle", "0s"}, {"--task-retention=0s"}, {"--max-queued", "0"}, {"--task-retention-bytes", "0"},
 	} {
 		err := run(append([]string{"--addr", "127.0.0.1:0"}, args...))
 		if err == nil || !strings.Contains(err.Error(), "must be more than 0") {
