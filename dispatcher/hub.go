@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -563,6 +564,7 @@ func (h *hub) addWorker(wc *workerConn, hello *pb.Hello) error {
 		h.log.Warn().Str("worker_id", wc.id).Msg("worker id reconnected; closing the older connection")
 	}
 	h.workers[wc.id] = wc
+	wc.loadable = sortedLabels(hello.GetLoadableLabels())
 	out, err := h.sched.AddWorker(scheduler.WorkerSpec{
 		ID:          wc.id,
 		MaxLabels:   int(hello.GetMaxLabels()),
@@ -751,8 +753,17 @@ func (h *hub) onInventory(wc *workerConn, inv *pb.Inventory) {
 	if err != nil {
 		return
 	}
+	wc.loadable = sortedLabels(labels)
 	h.apply(out)
 	h.log.Info().Str("worker_id", wc.id).Int("loadable_labels", len(labels)).Msg("worker's loadable labels changed")
+}
+
+// sortedLabels is a sorted copy of labels, nil for none.
+func sortedLabels(labels []string) []string {
+	if len(labels) == 0 {
+		return nil
+	}
+	return slices.Sorted(slices.Values(labels))
 }
 
 // workerIDs lists connected workers, sorted.
@@ -779,7 +790,7 @@ type workerDetail struct {
 	ConnectedSince time.Time `json:"connected_since"`
 	Agent          string    `json:"agent,omitempty"`
 	// Loadable lists the labels its backend can load, sorted (its hello's, or the last
-	// Inventory's); absent when it can load any label.
+	// Inventory's); absent when it can load any label. Shared with the connection.
 	Loadable []string `json:"loadable,omitempty"`
 }
 
@@ -788,9 +799,6 @@ func (h *hub) workerDetails() []workerDetail {
 	// Sorted after the lock: with 10,000 workers the sort took longer than the walk, and
 	// no task is routed while the hub's lock is held.
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
-	for _, d := range out {
-		sort.Strings(d.Loadable)
-	}
 	return out
 }
 
@@ -800,7 +808,6 @@ func (h *hub) workerSnapshot() []workerDetail {
 	defer h.mu.Unlock()
 	out := make([]workerDetail, 0, len(h.workers))
 	labels := make([]string, 0, 2*len(h.workers)) // all views' labels, in a few arrays
-	var loadables []string                        // and their loadable labels, likewise
 	for id, wc := range h.workers {
 		v, rest, ok := h.sched.AppendWorker(labels, id)
 		labels = rest
@@ -811,15 +818,9 @@ func (h *hub) workerSnapshot() []workerDetail {
 		if labels == nil {
 			labels = []string{}
 		}
-		start := len(loadables)
-		loadables = h.sched.AppendLoadable(loadables, id)
-		var loadable []string
-		if len(loadables) > start {
-			loadable = loadables[start:len(loadables):len(loadables)]
-		}
 		out = append(out, workerDetail{ID: id, Labels: labels, MaxLabels: v.MaxLabels, Slots: v.Slots, Running: v.Running,
 			Busy: v.Running >= v.Slots, Accepting: v.Accepting, ConnectedSince: wc.connectedAt, Agent: wc.agent,
-			Loadable: loadable})
+			Loadable: wc.loadable}) // shared: replaced, never changed in place
 	}
 	return out
 }

@@ -49,6 +49,10 @@ type workerConn struct {
 	// drained is set (under hub.mu) once the hub has sent it a Drain: a status saying
 	// it accepts, sent before the Drain reached it, must not put it back in the routing.
 	drained bool
+	// loadable is what its backend can load, sorted, as its hello or last Inventory
+	// said (nil: any label); set under hub.mu and never changed in place, so the
+	// detail view shares it rather than copy it under the lock.
+	loadable []string
 	// hub is the hub it registers with; close takes it out of the routing there.
 	hub *hub
 	// log is the dispatcher's logger; records add worker_id themselves, because a

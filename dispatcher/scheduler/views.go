@@ -10,17 +10,6 @@ type WorkerView struct {
 	Accepting bool
 }
 
-// AppendLoadable appends the labels worker id's backend can load to buf, in no order,
-// and returns buf; nothing when it can load any label (or is unknown).
-func (s *Scheduler) AppendLoadable(buf []string, id string) []string {
-	if w, ok := s.workers[id]; ok {
-		for l := range w.loadable {
-			buf = append(buf, l)
-		}
-	}
-	return buf
-}
-
 // Worker returns a snapshot of one worker.
 func (s *Scheduler) Worker(id string) (WorkerView, bool) {
 	v, _, ok := s.AppendWorker(nil, id)
