@@ -307,6 +307,16 @@ func (a *agent) runTask(ctx context.Context, s *session, asg *pb.TaskAssignment,
 	a.releaseSlot(key)
 	a.finish(s, asg, received, o)
 	a.confirmKept(asg)
+	if o.loadFailed {
+		// A load this attempt joined found no room: the label it was to evict stayed.
+		// Told after this result too, since the LOADED sent when the unload failed
+		// came while the dispatcher's view held this attempt's copy of the new label,
+		// with no room for the kept one.
+		var ee *evictError // not above: errors.As moves it to the heap
+		if errors.As(o.err, &ee) && ee.label != asg.GetEvictLabel() {
+			a.labels.confirmHeld(ee.label)
+		}
+	}
 }
 
 // releaseSlot gives back the session slot an attempt holds.

@@ -406,6 +406,54 @@ func TestEvictionFailedAfterTheAttemptGaveUpIsTold(t *testing.T) {
 	}
 }
 
+// Another attempt that joined the load whose eviction failed also confirms the label
+// kept, after its own result: the dispatcher's view still held that attempt's copy of
+// the new label (doomed, in use) when the first LOADED came, and had no room for it.
+func TestEvictionFailedIsToldAgainAfterAJoinedAttempt(t *testing.T) {
+	t.Parallel()
+	unloading, release, joined := make(chan struct{}), make(chan struct{}), make(chan struct{}, 1)
+	fake := backendtest.New()
+	fake.OnUnload = func(_ context.Context, label string) error {
+		close(unloading)
+		<-release
+		return errors.New("unload refused")
+	}
+	h := setup(t, withFake(fake), withConfig(func(c *agent.Config) {
+		c.MaxLabels, c.Slots = 1, 2
+		agent.SetLabelHooks(c, func(string) { joined <- struct{}{} }, nil)
+	}))
+	p := h.connect()
+	if r := p.run("t1", "a", ""); !r.GetOk() {
+		t.Fatalf("t1: %v", r)
+	}
+	p.assign(&pb.TaskAssignment{TaskId: "t2", Label: "b", EvictLabel: "a"})
+	<-unloading
+	p.assign(&pb.TaskAssignment{TaskId: "t3", Label: "b"})
+	<-joined
+	p.send(&pb.Envelope{Body: &pb.Envelope_Cancel{Cancel: &pb.Cancel{TaskId: "t2", Attempt: 1, Reason: "producer went away"}}})
+	if r := p.result(); r.GetTaskId() != "t2" || r.GetOk() {
+		t.Fatalf("result %v, want t2 cancelled", r)
+	}
+	close(release)
+	t3Done := false
+	for {
+		env := p.read()
+		if r := env.GetResult(); r != nil {
+			if r.GetTaskId() != "t3" || r.GetOk() || !r.GetLoadFailed() {
+				t.Fatalf("result %v, want t3's load failed for want of room", r)
+			}
+			t3Done = true
+			continue
+		}
+		if ev := env.GetLabelEvent(); t3Done && ev.GetKind() == pb.LabelEvent_KIND_LOADED && ev.GetLabel() == "a" {
+			break
+		}
+	}
+	if err := h.stop(p); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+}
+
 // A deadline that passes while the attempt runs cancels it, and the result says so;
 // the one timer is re-armed for the attempt with the next deadline.
 func TestDeadlineEndsTheRunningAttempt(t *testing.T) {
