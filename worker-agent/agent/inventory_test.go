@@ -28,18 +28,32 @@ func (r *repository) Loadable(ctx context.Context) ([]string, error) {
 	}
 }
 
+// withRepository runs the agent on a repository fake that starts with loadable and
+// polls every millisecond; more options may follow (configured labels, say).
+func withRepository(t *testing.T, loadable ...string) (*repository, option) {
+	t.Helper()
+	f := backendtest.New()
+	f.Inv.Loadable = loadable
+	repo := &repository{Fake: f, lists: make(chan []string)}
+	return repo, func(h *harness) {
+		withFake(f)(h)
+		h.cfg.Backend = repo
+		h.cfg.InventoryInterval = time.Millisecond
+	}
+}
+
+// welcomeWithInventory is a Welcome from a dispatcher that takes Inventory frames.
+func welcomeWithInventory() *pb.Welcome {
+	return &pb.Welcome{ProtocolVersion: frame.ProtocolVersion, InventoryUpdates: true}
+}
+
 // A change the poll finds after the hello was built, before the Welcome said the
 // dispatcher takes Inventory frames, is told once the Welcome arrives: otherwise the
 // dispatcher would not hear of it until the next change or connection.
 func TestLoadableChangeDuringTheHandshakeIsTold(t *testing.T) {
 	t.Parallel()
-	f := backendtest.New()
-	f.Inv.Loadable = []string{"a"}
-	repo := &repository{Fake: f, lists: make(chan []string)}
-	h := setup(t, withFake(f), withConfig(func(c *agent.Config) {
-		c.Backend = repo
-		c.InventoryInterval = time.Millisecond
-	}))
+	repo, opt := withRepository(t, "a")
+	h := setup(t, opt)
 	p := h.accept()
 	hello, err := frame.CheckHello(p.read(), p.workerID)
 	if err != nil || !slices.Equal(hello.GetLoadableLabels(), []string{"a"}) {
@@ -47,7 +61,7 @@ func TestLoadableChangeDuringTheHandshakeIsTold(t *testing.T) {
 	}
 	repo.lists <- []string{"a", "b"}
 	repo.lists <- []string{"a", "b"} // taken by the next poll: the first was handled
-	p.send(&pb.Envelope{Body: &pb.Envelope_Welcome{Welcome: &pb.Welcome{ProtocolVersion: frame.ProtocolVersion, InventoryUpdates: true}}})
+	p.send(&pb.Envelope{Body: &pb.Envelope_Welcome{Welcome: welcomeWithInventory()}})
 	if got := p.next().GetInventory().GetLoadableLabels(); !slices.Equal(got, []string{"a", "b"}) {
 		t.Fatalf("inventory %q, want a and b", got)
 	}
@@ -68,15 +82,9 @@ func TestLoadableChangeDuringTheHandshakeIsTold(t *testing.T) {
 // --labels set too, rather than widened to every configured label.
 func TestEmptyIndexIsIgnoredWithConfiguredLabels(t *testing.T) {
 	t.Parallel()
-	f := backendtest.New()
-	f.Inv.Loadable = []string{"a", "b"}
-	repo := &repository{Fake: f, lists: make(chan []string)}
-	h := setup(t, withFake(f), withConfig(func(c *agent.Config) {
-		c.Backend = repo
-		c.Labels = []string{"a", "b", "c"}
-		c.InventoryInterval = time.Millisecond
-	}))
-	p := h.connectWith(&pb.Welcome{ProtocolVersion: frame.ProtocolVersion, InventoryUpdates: true})
+	repo, opt := withRepository(t, "a", "b")
+	h := setup(t, opt, withConfig(func(c *agent.Config) { c.Labels = []string{"a", "b", "c"} }))
+	p := h.connectWith(welcomeWithInventory())
 	if got := p.hello.GetLoadableLabels(); !slices.Equal(got, []string{"a", "b"}) {
 		t.Fatalf("hello lists %q, want a and b", got)
 	}
@@ -94,14 +102,9 @@ func TestEmptyIndexIsIgnoredWithConfiguredLabels(t *testing.T) {
 // label is refused, to run elsewhere, not answered as the task's failure (a 502).
 func TestAssignmentCrossingARemovalIsRefused(t *testing.T) {
 	t.Parallel()
-	f := backendtest.New()
-	f.Inv.Loadable = []string{"a", "b"}
-	repo := &repository{Fake: f, lists: make(chan []string)}
-	h := setup(t, withFake(f), withConfig(func(c *agent.Config) {
-		c.Backend = repo
-		c.InventoryInterval = time.Millisecond
-	}))
-	p := h.connectWith(&pb.Welcome{ProtocolVersion: frame.ProtocolVersion, InventoryUpdates: true})
+	repo, opt := withRepository(t, "a", "b")
+	h := setup(t, opt)
+	p := h.connectWith(welcomeWithInventory())
 	repo.lists <- []string{"a"}
 	if got := p.next().GetInventory().GetLoadableLabels(); !slices.Equal(got, []string{"a"}) {
 		t.Fatalf("inventory %q, want a", got)
