@@ -325,15 +325,9 @@ func (b *Backend) Inventory(ctx context.Context) (backend.Inventory, error) {
 	if err != nil {
 		return backend.Inventory{}, err
 	}
-	var inv backend.Inventory
+	inv := backend.Inventory{Loadable: indexNames(entries)}
 	for _, e := range entries {
-		if e.Name == "" {
-			continue
-		}
-		if !slices.Contains(inv.Loadable, e.Name) {
-			inv.Loadable = append(inv.Loadable, e.Name)
-		}
-		if e.State == "READY" && !slices.Contains(inv.Loaded, e.Name) {
+		if e.Name != "" && e.State == "READY" && !slices.Contains(inv.Loaded, e.Name) {
 			inv.Loaded = append(inv.Loaded, e.Name)
 			b.setLoaded(e.Name, true)
 		}
@@ -349,13 +343,19 @@ func (b *Backend) Loadable(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	return indexNames(entries), nil
+}
+
+// indexNames lists the models of an index once each (an entry per version may repeat
+// a name), in index order.
+func indexNames(entries []indexEntry) []string {
 	var names []string
 	for _, e := range entries {
 		if e.Name != "" && !slices.Contains(names, e.Name) {
 			names = append(names, e.Name)
 		}
 	}
-	return names, nil
+	return names
 }
 
 // Health reports whether Triton is live.
