@@ -323,8 +323,7 @@ func (s *Scheduler) AddWorker(spec WorkerSpec) (*Outcome, error) {
 	w.loadable = loadableSet(spec.Loadable)
 	s.workers[spec.ID] = w
 	s.countLoadable(w, 1)
-	s.fleetChanged = s.now
-	s.sweepUnloadable = s.sweepUnloadable || s.queued > 0
+	s.fleetChanged = s.now // a worker joining only adds labels: nothing for the sweep
 	labels := spec.Labels
 	if len(labels) > w.capacity {
 		labels = labels[len(labels)-w.capacity:]
