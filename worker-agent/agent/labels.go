@@ -154,6 +154,7 @@ func (m *labelManager) setLoadable(loadable []string, then func()) {
 	}
 }
 
+// loadableSet is a set of labels; nil (any label) for none.
 func loadableSet(labels []string) map[string]struct{} {
 	if len(labels) == 0 {
 		return nil
