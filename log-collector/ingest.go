@@ -82,10 +82,12 @@ type ingestConn struct {
 // safe from any goroutine.
 func (ic *ingestConn) closeWith(code int, reason string) {
 	ic.once.Do(func() {
+		// done first: once the agent can read the close frame, nothing more of its
+		// stream is written (a batch waiting for a slot checks done when it gets one).
+		close(ic.done)
 		msg := websocket.FormatCloseMessage(code, frame.CloseReason(reason))
 		_ = ic.ws.WriteControl(websocket.CloseMessage, msg, time.Now().Add(ic.writeTimeout))
 		_ = ic.ws.Close()
-		close(ic.done)
 	})
 }
 
@@ -304,6 +306,14 @@ func (c *Collector) serveBatch(w *workerLog, ic *ingestConn, extend func()) erro
 		}
 		select {
 		case c.batchSlots <- struct{}{}:
+			// A slot freed and the stream closed, both while it waited: select picks
+			// either, and a closed stream writes nothing more.
+			select {
+			case <-ic.done:
+				<-c.batchSlots
+				return errStreamClosed
+			default:
+			}
 		case <-ic.done:
 			return errStreamClosed
 		}
