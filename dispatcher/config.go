@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/rs/zerolog"
 
 	"github.com/smartroute/smartroute/dispatcher/scheduler"
@@ -120,6 +121,10 @@ type Config struct {
 	// was then refused: tests hold submissions there to build interleavings.
 	onJournalAccept func(taskID string, created bool)
 	onJournalForget func(taskID string)
+	// journalWriteFault, when set, fails the journal's writes with its error;
+	// journalRetry paces the writes of answers again. For tests of a failing disk.
+	journalWriteFault func() error
+	journalRetry      func() backoff.BackOff
 }
 
 // WithDefaults returns the config with zero fields replaced by their defaults.

@@ -179,8 +179,11 @@ func (d *Dispatcher) runTask(c echo.Context) error {
 	if err != nil {
 		var se *submitError
 		if errors.As(err, &se) {
-			if se.status == http.StatusTooManyRequests {
+			switch se.status {
+			case http.StatusTooManyRequests:
 				c.Response().Header().Set("Retry-After", "1")
+			case http.StatusServiceUnavailable: // shutting down, or the journal's disk failing
+				c.Response().Header().Set("Retry-After", "5")
 			}
 			return c.JSON(se.status, errorBody{se.msg})
 		}

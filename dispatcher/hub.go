@@ -147,8 +147,10 @@ func (h *hub) submitJournaled(spec taskSpec, rec *taskRecord, now time.Time) (go
 	// run it, and the disk must not hold up other tasks.
 	prev, created, err := h.journal.accept(rec.entry(), now)
 	if err != nil {
+		// A disk that is full or failing for a while: the producer should retry (503 with
+		// Retry-After), not treat the task as broken.
 		h.log.Error().Err(err).Str("task_id", spec.id).Msg("journal write failed")
-		return nil, false, &submitError{http.StatusInternalServerError, "journal write failed: " + err.Error()}
+		return nil, false, &submitError{http.StatusServiceUnavailable, "journal write failed: " + err.Error()}
 	}
 	if h.cfg.onJournalAccept != nil {
 		h.cfg.onJournalAccept(spec.id, created)
@@ -284,7 +286,14 @@ func (h *hub) admitLocked(rec *taskRecord, limit bool) (*taskRecord, error) {
 
 // openJournal opens the journal in cfg.DataDir and takes over its tasks.
 func (h *hub) openJournal() error {
-	j, err := openJournal(h.cfg.DataDir, h.cfg.TaskRetention, h.cfg.JournalLockTimeout, h.cfg.Logger.With().Str("component", "journal").Logger())
+	j, err := openJournal(h.cfg.DataDir, journalOptions{
+		retention:   h.cfg.TaskRetention,
+		lockTimeout: h.cfg.JournalLockTimeout,
+		log:         h.cfg.Logger.With().Str("component", "journal").Logger(),
+		writeErrors: h.met.journalWriteErrors,
+		retryAfter:  h.cfg.journalRetry,
+		writeFault:  h.cfg.journalWriteFault,
+	})
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	bolt "go.etcd.io/bbolt"
 )
@@ -42,6 +44,15 @@ type journal struct {
 	pending []journalEntry
 	writing []journalEntry // the batch being committed, until it is on disk; for get
 	wake    chan struct{}  // capacity 1: there is something in pending
+
+	// writeErrors counts failed writes of answers (nil: not counted). A failed batch
+	// stays queued, answerable from memory, and is written again after a backoff
+	// (retryAfter, nil: the default), so that a disk full for a while loses nothing.
+	writeErrors prometheus.Counter
+	retryAfter  func() backoff.BackOff
+	// writeFault, when set, fails the journal's writes (accept and answers) with its
+	// error: tests inject a failing disk with it.
+	writeFault func() error
 
 	closeOnce sync.Once
 	stop      chan struct{}
@@ -74,9 +85,28 @@ type journalEntry struct {
 	RunNS      int64           `json:"run_ns,omitempty"`
 }
 
+// journalOptions are what openJournal needs beyond the data dir.
+type journalOptions struct {
+	retention, lockTimeout time.Duration
+	log                    zerolog.Logger
+	writeErrors            prometheus.Counter     // nil: not counted
+	retryAfter             func() backoff.BackOff // nil: answersRetry
+	writeFault             func() error           // tests
+}
+
+// answersRetry paces the writes of answers again after a failed one: soon at first, at
+// most every 10 s while the disk stays full, for as long as it does.
+func answersRetry() backoff.BackOff {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval = 100 * time.Millisecond
+	b.MaxInterval = 10 * time.Second
+	return b
+}
+
 // openJournal opens (creating) the journal in dir. A file locked by another process
 // fails after lockTimeout with errDataDirInUse.
-func openJournal(dir string, retention, lockTimeout time.Duration, log zerolog.Logger) (*journal, error) {
+func openJournal(dir string, o journalOptions) (*journal, error) {
+	retention, lockTimeout, log := o.retention, o.lockTimeout, o.log
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
 	}
@@ -102,7 +132,11 @@ func openJournal(dir string, retention, lockTimeout time.Duration, log zerolog.L
 		db.Close()
 		return nil, fmt.Errorf("journal %s: %w", path, err)
 	}
+	if o.retryAfter == nil {
+		o.retryAfter = answersRetry
+	}
 	j := &journal{db: db, log: log, retention: retention, wake: make(chan struct{}, 1),
+		writeErrors: o.writeErrors, retryAfter: o.retryAfter, writeFault: o.writeFault,
 		stop: make(chan struct{}), stopped: make(chan struct{})}
 	go j.writeCompletions()
 	return j, nil
@@ -192,6 +226,11 @@ func (j *journal) accept(e *journalEntry, now time.Time) (prev *journalEntry, cr
 	err = j.db.Batch(func(tx *bolt.Tx) error {
 		// Batch may run this twice: set the results from scratch each time.
 		prev, created = nil, false
+		if j.writeFault != nil {
+			if err := j.writeFault(); err != nil {
+				return err
+			}
+		}
 		b := tx.Bucket(tasksBucket)
 		if old := b.Get(key); old != nil && !j.expired(finishedAt(old), now) {
 			if p, err := decodeEntry(old); err == nil {
@@ -275,15 +314,35 @@ func (j *journal) complete(e journalEntry) {
 	}
 }
 
+// unwritten is how many answers wait for the disk.
+func (j *journal) unwritten() int {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return len(j.pending) + len(j.writing)
+}
+
 // writeCompletions writes queued answers, all that accumulated in one transaction,
-// until close; it writes what is left before it returns.
+// until close; it writes what is left before it returns. A batch that fails to be
+// written goes back to the front of the queue and is tried again after a backoff:
+// dropping it would make its tasks run again after a restart, or read as failed,
+// although their producers may have their results. Tried once more at close, what
+// still fails is lost as a crash would lose it.
 func (j *journal) writeCompletions() {
 	defer close(j.stopped)
-	var batch []journalEntry
+	var (
+		batch []journalEntry
+		retry backoff.BackOff // non-nil while the last write failed
+		timer *time.Timer
+		again <-chan time.Time
+	)
 	for {
 		stopping := false
 		select {
 		case <-j.wake:
+			if retry != nil {
+				continue // new answers wait for the retry, with the failed ones
+			}
+		case <-again:
 		case <-j.stop:
 			stopping = true
 		}
@@ -291,14 +350,46 @@ func (j *journal) writeCompletions() {
 		batch, j.pending = j.pending, batch[:0]
 		j.writing = batch
 		j.mu.Unlock()
-		if len(batch) > 0 {
-			if err := j.writeAnswers(batch); err != nil {
-				j.log.Error().Err(err).Int("tasks", len(batch)).Msg("journal: answers not written; those tasks run again after a restart")
+		if len(batch) == 0 {
+			if stopping {
+				return
 			}
-			j.mu.Lock()
-			j.writing = nil
-			j.mu.Unlock()
-			clear(batch)
+			continue
+		}
+		err := j.writeAnswers(batch)
+		j.mu.Lock()
+		j.writing = nil
+		if err != nil {
+			// Back in front of any answer queued since, so that get keeps finding the
+			// newest one last.
+			j.pending = append(batch, j.pending...)
+			batch = nil // now pending's
+		}
+		j.mu.Unlock()
+		clear(batch)
+		switch {
+		case err == nil:
+			if retry != nil {
+				j.log.Info().Int("tasks", len(batch)).Msg("journal: answers written again")
+				retry, again = nil, nil
+			}
+		case stopping:
+			j.log.Error().Err(err).Int("tasks", j.unwritten()).Msg("journal: answers not written at close; those tasks run again after a restart")
+		default:
+			if j.writeErrors != nil {
+				j.writeErrors.Inc()
+			}
+			if retry == nil {
+				retry = j.retryAfter()
+				j.log.Error().Err(err).Int("tasks", len(j.pending)).Msg("journal: answers not written; kept in memory and tried again")
+			}
+			wait := retry.NextBackOff()
+			if timer == nil {
+				timer = time.NewTimer(wait)
+			} else {
+				timer.Reset(wait)
+			}
+			again = timer.C
 		}
 		if stopping {
 			return
@@ -306,15 +397,31 @@ func (j *journal) writeCompletions() {
 	}
 }
 
+// writeAnswers writes a batch of answers in one transaction. An answer that cannot be
+// encoded (no JSON result gets this far unchecked, so it should never happen) is
+// logged and left out: it would fail every retry and hold up the rest.
 func (j *journal) writeAnswers(batch []journalEntry) error {
+	values := make([][]byte, len(batch))
+	for i := range batch {
+		v, err := encodeEntry(&batch[i])
+		if err != nil {
+			j.log.Error().Err(err).Str("task_id", batch[i].ID).Msg("journal: answer cannot be encoded; the task runs again after a restart")
+			continue
+		}
+		values[i] = v
+	}
 	return j.db.Update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(tasksBucket)
-		for i := range batch {
-			v, err := encodeEntry(&batch[i])
-			if err != nil {
+		if j.writeFault != nil {
+			if err := j.writeFault(); err != nil {
 				return err
 			}
-			if err := b.Put([]byte(batch[i].ID), v); err != nil {
+		}
+		b := tx.Bucket(tasksBucket)
+		for i := range batch {
+			if values[i] == nil {
+				continue
+			}
+			if err := b.Put([]byte(batch[i].ID), values[i]); err != nil {
 				return err
 			}
 		}

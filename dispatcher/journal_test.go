@@ -12,9 +12,11 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
 	bolt "go.etcd.io/bbolt"
@@ -157,7 +159,7 @@ func TestJournalDeadlinesAndRetentionAcrossRestart(t *testing.T) {
 // The janitor's work per sweep is bounded, and successive sweeps cover the journal.
 func TestJournalSweepIsBounded(t *testing.T) {
 	clock := &testClock{now: time.Now()}
-	j, err := openJournal(t.TempDir(), time.Minute, time.Second, zerolog.Nop())
+	j, err := openJournal(t.TempDir(), journalOptions{retention: time.Minute, lockTimeout: time.Second, log: zerolog.Nop()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -521,5 +523,146 @@ func TestUnreadableJournalRecordIsDroppedAndItsIDUsable(t *testing.T) {
 	damage(second.d.hub.journal, "bad-2") // in flight here: the resubmission meets the record
 	if code, out := second.post("/run-task", `{"task_id":"bad-2","task_type":"t","label":"m","return_result":false}`); code != 202 {
 		t.Errorf("bad-2, its record unreadable, submitted again: %d %v", code, out)
+	}
+}
+
+// A write of answers that fails (a full disk) loses nothing: the answers stay
+// answerable from memory, are counted and shown as unwritten, and are written once the
+// disk takes them again, so that after a restart the task reads as completed and does
+// not run again. Before, the failed batch was dropped: the task ran a second time
+// after the restart.
+func TestJournalAnswerWriteFailureIsRetried(t *testing.T) {
+	dir := t.TempDir()
+	clock := &testClock{now: time.Now()}
+	var failing sync.Mutex // held while the disk is "full"
+	diskFull := errors.New("no space left on device")
+	tried := make(chan error, 1000) // the result of each write of answers
+	cfg := Config{DataDir: dir, Clock: clock, TaskRetention: time.Hour,
+		journalRetry: func() backoff.BackOff { return backoff.NewConstantBackOff(time.Millisecond) },
+		journalWriteFault: func() error {
+			var err error
+			if !failing.TryLock() {
+				err = diskFull
+			} else {
+				failing.Unlock()
+			}
+			select {
+			case tried <- err:
+			default:
+			}
+			return err
+		}}
+	first := setup(t, cfg)
+	t.Cleanup(func() { first.d.Close() })
+	w := first.dial("w1", "m")
+	if code, out := first.post("/run-task", `{"task_id":"big","task_type":"t","label":"m","return_result":false}`); code != 202 {
+		t.Fatalf("submit: %d %v", code, out)
+	}
+	a := w.assignment()
+	for len(tried) > 0 {
+		<-tried // the submission's write
+	}
+	failing.Lock()
+	w.finish(a, true, `{"answer":1}`)
+	for i := range 2 { // the first failure and one retry
+		select {
+		case err := <-tried:
+			if !errors.Is(err, diskFull) {
+				t.Fatalf("write while the disk is full: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%d writes of the answer while the disk is full, want a retry", i)
+		}
+	}
+	if code, out := first.get("/tasks/big"); code != 200 || out["status"] != "completed" {
+		t.Fatalf("while unwritten: %d %v", code, out)
+	}
+	if n := first.d.hub.journal.unwritten(); n != 1 {
+		t.Errorf("unwritten answers: %d, want 1", n)
+	}
+	// The first failure is counted before the retry is made (the retry's own count may
+	// still be on its way).
+	if got := testutil.ToFloat64(first.d.hub.met.journalWriteErrors); got < 1 {
+		t.Errorf("journal_write_errors_total %v, want at least 1", got)
+	}
+	failing.Unlock() // room again
+	for deadline := time.Now().Add(10 * time.Second); first.d.hub.journal.unwritten() != 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("the answer was never written once the disk took it")
+		}
+		time.Sleep(time.Millisecond) // polling an observable state
+	}
+	if err := first.d.Close(); err != nil { // crash
+		t.Fatal(err)
+	}
+
+	second := setupJournaled(t, dir, clock)
+	if code, out := second.get("/tasks/big"); code != 200 || out["status"] != "completed" || fmt.Sprint(out["result"]) != "map[answer:1]" {
+		t.Fatalf("after restart: %d %v", code, out)
+	}
+	w2 := second.dial("w2", "m")
+	second.post("/run-task", `{"task_id":"next","task_type":"t","label":"m","return_result":false}`)
+	if a := w2.assignment(); a.TaskId != "next" {
+		t.Fatalf("the answered task ran again: %v", a)
+	}
+}
+
+// A journal whose writes keep failing still closes: what it could not write is lost
+// as in a crash, and the task runs again at the next start.
+func TestJournalCloseWithAFailingDiskReturns(t *testing.T) {
+	dir := t.TempDir()
+	clock := &testClock{now: time.Now()}
+	var failing atomic.Bool
+	first := setup(t, Config{DataDir: dir, Clock: clock, TaskRetention: time.Hour,
+		journalRetry: func() backoff.BackOff { return backoff.NewConstantBackOff(time.Hour) },
+		journalWriteFault: func() error {
+			if failing.Load() {
+				return errors.New("input/output error")
+			}
+			return nil
+		}})
+	t.Cleanup(func() { first.d.Close() })
+	w := first.dial("w1", "m")
+	if code, out := first.post("/run-task", `{"task_id":"lost","task_type":"t","label":"m","return_result":false}`); code != http.StatusAccepted {
+		t.Fatalf("submit: %d %v", code, out)
+	}
+	failing.Store(true)
+	w.finish(w.assignment(), true, `{"answer":1}`)
+	waitStatus(t, first, "lost", "completed")
+	if err := first.d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	second := setupJournaled(t, dir, clock)
+	if code, out := second.get("/tasks/lost"); code != 200 || out["status"] != "queued" {
+		t.Fatalf("after restart: %d %v, want queued (run again)", code, out)
+	}
+}
+
+// An asynchronous task the journal cannot take (a full disk) is refused with 503 and
+// Retry-After, so that producers retry, and leaves nothing behind: the same id is
+// accepted once the disk takes it.
+func TestJournalAcceptFailureIs503(t *testing.T) {
+	t.Parallel()
+	var full atomic.Bool
+	full.Store(true)
+	b := setup(t, Config{DataDir: t.TempDir(), TaskRetention: time.Hour,
+		journalWriteFault: func() error {
+			if full.Load() {
+				return errors.New("no space left on device")
+			}
+			return nil
+		}})
+	t.Cleanup(func() { b.d.Close() })
+	body := `{"task_id":"a1","task_type":"t","label":"m","return_result":false}`
+	code, hdr, out := b.send("POST", "/run-task", body)
+	if code != http.StatusServiceUnavailable || hdr.Get("Retry-After") == "" || !strings.Contains(fmt.Sprint(out["error"]), "journal write failed") {
+		t.Fatalf("submit on a full disk: %d Retry-After %q %v", code, hdr.Get("Retry-After"), out)
+	}
+	if code, _ := b.get("/tasks/a1"); code != http.StatusNotFound {
+		t.Fatalf("GET after the refusal: %d, want 404", code)
+	}
+	full.Store(false)
+	if code, out := b.post("/run-task", body); code != http.StatusAccepted || out["status"] != "queued" {
+		t.Fatalf("submit once the disk takes it: %d %v", code, out)
 	}
 }

@@ -75,6 +75,7 @@ type metrics struct {
 	queueWait, taskDuration, loadDuration, schedule     prometheus.Histogram
 	connects                                            prometheus.Counter
 	disconnects                                         *prometheus.CounterVec
+	journalWriteErrors                                  prometheus.Counter
 }
 
 func newMetrics(h *hub, maxLabels int) *metrics {
@@ -106,13 +107,15 @@ func newMetrics(h *hub, maxLabels int) *metrics {
 		connects: prometheus.NewCounter(prometheus.CounterOpts{Name: "smartroute_dispatcher_worker_connects_total",
 			Help: "Worker connections registered after their hello."}),
 		disconnects: counter("worker_disconnects_total", "Worker connections ended, by close code (shutdown, replaced, slow_worker, bad_frame, normal, unspecified, ...).", "code"),
+		journalWriteErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "smartroute_dispatcher_journal_write_errors_total",
+			Help: "Failed writes of task answers to the journal (disk full or failing); the answers are kept and written again."}),
 	}
 	m.other = m.newLabel(otherLabel)
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.received, m.completed, m.failed, m.hits, m.loads, m.evictions,
-		m.queueWait, m.taskDuration, m.loadDuration, m.schedule, m.connects, m.disconnects,
+		m.queueWait, m.taskDuration, m.loadDuration, m.schedule, m.connects, m.disconnects, m.journalWriteErrors,
 		&hubCollector{h: h, m: m},
 	)
 	return m
@@ -237,6 +240,8 @@ var (
 		"Tasks assigned to a worker and not answered yet.", nil, nil)
 	connectedDesc = prometheus.NewDesc("smartroute_dispatcher_connected_workers",
 		"Workers connected now.", nil, nil)
+	unwrittenDesc = prometheus.NewDesc("smartroute_dispatcher_journal_unwritten_answers",
+		"Answers of journaled tasks waiting to be written to the journal (with --data-dir); above zero for long, the disk is failing.", nil, nil)
 )
 
 func (c *hubCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -244,6 +249,7 @@ func (c *hubCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- queuedTotalDesc
 	ch <- inflightDesc
 	ch <- connectedDesc
+	ch <- unwrittenDesc
 }
 
 func (c *hubCollector) Collect(ch chan<- prometheus.Metric) {
@@ -271,4 +277,7 @@ func (c *hubCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(queuedTotalDesc, prometheus.GaugeValue, float64(total))
 	ch <- prometheus.MustNewConstMetric(inflightDesc, prometheus.GaugeValue, float64(max(inflight, 0)))
 	ch <- prometheus.MustNewConstMetric(connectedDesc, prometheus.GaugeValue, float64(connected))
+	if j := c.h.journal; j != nil { // set once at start, before the server runs
+		ch <- prometheus.MustNewConstMetric(unwrittenDesc, prometheus.GaugeValue, float64(j.unwritten()))
+	}
 }

@@ -35,15 +35,16 @@ type prometheusRule struct {
 // never fires.
 var alertMetricLabels = map[string][]string{
 	"up": nil,
-	"smartroute_dispatcher_connected_workers":        nil,
-	"smartroute_dispatcher_tasks_failed_total":       {"label", "reason"},
-	"smartroute_dispatcher_tasks_received_total":     {"label"},
-	"smartroute_dispatcher_queue_wait_seconds":       {"le"},
-	"smartroute_dispatcher_worker_disconnects_total": {"code"},
-	"smartroute_agent_label_loads_total":             {"label", "result"},
-	"smartroute_agent_triton_errors_total":           {"op"},
-	"smartroute_agent_log_records_dropped_total":     nil,
-	"smartroute_collector_write_errors_total":        nil,
+	"smartroute_dispatcher_connected_workers":          nil,
+	"smartroute_dispatcher_tasks_failed_total":         {"label", "reason"},
+	"smartroute_dispatcher_tasks_received_total":       {"label"},
+	"smartroute_dispatcher_queue_wait_seconds":         {"le"},
+	"smartroute_dispatcher_worker_disconnects_total":   {"code"},
+	"smartroute_dispatcher_journal_write_errors_total": nil,
+	"smartroute_agent_label_loads_total":               {"label", "result"},
+	"smartroute_agent_triton_errors_total":             {"op"},
+	"smartroute_agent_log_records_dropped_total":       nil,
+	"smartroute_collector_write_errors_total":          nil,
 }
 
 // checkAlerts asserts every alert is one Prometheus loads: an expression that parses,
@@ -124,7 +125,7 @@ func checkAlerts(t *testing.T, pr *prometheusRule, collector bool) {
 		}
 	}
 	for _, want := range []string{"SmartrouteDispatcherDown", "SmartrouteNoWorkersConnected", "SmartrouteTasksFailing",
-		"SmartrouteQueueWaitHigh", "SmartrouteLabelLoadsFailing"} {
+		"SmartrouteQueueWaitHigh", "SmartrouteLabelLoadsFailing", "SmartrouteJournalWriteErrors"} {
 		if !alerts[want] {
 			t.Errorf("no alert %s in %v", want, alerts)
 		}
