@@ -330,6 +330,31 @@ func TestAsyncSubmitThenGet(t *testing.T) {
 	}
 }
 
+// A task submitted without task_id gets an id no producer can guess. They were a
+// counter after a prefix that every answer showed: a producer that submitted the next
+// one first was handed another producer's task as a resubmission of its own.
+func TestGeneratedTaskIDsCannotBeGuessed(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	seen := map[string]bool{}
+	var last string
+	for range 50 {
+		code, out := b.post("/run-task", `{"task_type":"x","label":"m","return_result":false}`)
+		id, _ := out["task_id"].(string)
+		if code != 202 || len(id) < 26 || seen[id] {
+			t.Fatalf("submit without task_id: %d %v (ids so far %d)", code, out, len(seen))
+		}
+		seen[id] = true
+		last = id
+	}
+	// The old scheme's next id, submitted first by another producer, is its own task.
+	guess := last[:len(last)-1] + string(last[len(last)-1]+1)
+	b.post("/run-task", `{"task_id":"`+guess+`","task_type":"x","label":"m","return_result":false}`)
+	if _, out := b.post("/run-task", `{"task_type":"x","label":"m","return_result":false}`); out["task_id"] == guess || seen[out["task_id"].(string)] {
+		t.Fatalf("a submission without task_id got an existing task: %v", out)
+	}
+}
+
 func TestDeadlineGives504(t *testing.T) {
 	t.Parallel()
 	b := setup(t, Config{})

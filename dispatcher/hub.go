@@ -2,14 +2,12 @@ package dispatcher
 
 import (
 	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -29,9 +27,6 @@ type hub struct {
 	cfg   Config
 	log   zerolog.Logger
 	clock scheduler.Clock
-
-	idPrefix string
-	idSeq    atomic.Uint64
 
 	mu       sync.Mutex
 	sched    *scheduler.Scheduler
@@ -65,15 +60,10 @@ func newHub(cfg Config) (*hub, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	var b [4]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return nil, fmt.Errorf("task id prefix: %w", err)
-	}
 	h := &hub{
 		cfg:      cfg,
 		log:      cfg.Logger.With().Str("component", "hub").Logger(),
 		clock:    cfg.Clock,
-		idPrefix: hex.EncodeToString(b[:]) + "-",
 		sched:    sched,
 		active:   make(map[string]*taskRecord),
 		workers:  make(map[string]*workerConn),
@@ -101,7 +91,10 @@ var errShuttingDown = &submitError{http.StatusServiceUnavailable, "dispatcher is
 func (h *hub) submit(spec taskSpec) (*taskRecord, error) {
 	now := h.clock.Now()
 	if spec.id == "" {
-		spec.id = h.idPrefix + strconv.FormatUint(h.idSeq.Add(1), 10)
+		// Random, not a counter: every answer shows the id, and a producer that could
+		// guess the next one could submit it first and be handed another producer's
+		// task, as a resubmission of its own.
+		spec.id = rand.Text()
 	}
 	timeout := spec.timeout
 	if timeout == 0 {
