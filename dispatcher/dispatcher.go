@@ -175,7 +175,7 @@ func (d *Dispatcher) runTask(c echo.Context) error {
 	if err := d.checkParams(spec); err != nil {
 		return c.JSON(err.status, errorBody{err.msg})
 	}
-	rec, err := d.hub.submit(spec)
+	rec, fresh, err := d.hub.submit(spec)
 	if err != nil {
 		var se *submitError
 		if errors.As(err, &se) {
@@ -190,6 +190,18 @@ func (d *Dispatcher) runTask(c echo.Context) error {
 		return err
 	}
 	if !spec.returnResult {
+		if fresh {
+			select {
+			case <-rec.done:
+				// Refused as it was routed (no connected worker can load its label, or the
+				// label is failing): the producer gets the refusal, as a synchronous one
+				// does, not a 202 for a task that will never run.
+				if rec.answerStatus() >= http.StatusBadRequest {
+					return d.writeAnswer(c, rec)
+				}
+			default:
+			}
+		}
 		v := d.hub.viewOf(rec)
 		return c.JSON(http.StatusAccepted, map[string]string{"task_id": v.TaskID, "status": v.Status})
 	}

@@ -86,9 +86,10 @@ func (e *submitError) Error() string { return e.msg }
 var errShuttingDown = &submitError{http.StatusServiceUnavailable, "dispatcher is shutting down"}
 
 // submit registers a task and routes it. A task id that is in flight or answered
-// within the retention returns that task's record instead of running it again. With
-// a journal, an asynchronous task is on disk before submit returns.
-func (h *hub) submit(spec taskSpec) (*taskRecord, error) {
+// within the retention returns that task's record instead of running it again; fresh
+// says the record is this submission's own. With a journal, an asynchronous task is on
+// disk before submit returns.
+func (h *hub) submit(spec taskSpec) (got *taskRecord, fresh bool, err error) {
 	now := h.clock.Now()
 	if spec.id == "" {
 		// Random, not a counter: every answer shows the id, and a producer that could
@@ -110,14 +111,16 @@ func (h *hub) submit(spec taskSpec) (*taskRecord, error) {
 	rec.sched = scheduler.Task{ID: spec.id, Label: spec.label, Deadline: now.Add(timeout), Ref: rec}
 	if h.journal == nil || spec.returnResult {
 		if r := h.journaledAnswer(spec.id); r != nil {
-			return r, nil
+			return r, false, nil
 		}
-		return h.admit(rec, true)
+		got, err = h.admit(rec, true)
+		return got, got == rec, err
 	}
 	for {
-		got, again, err := h.submitJournaled(spec, rec, now)
+		var again bool
+		got, again, err = h.submitJournaled(spec, rec, now)
 		if !again {
-			return got, err
+			return got, got == rec, err
 		}
 	}
 }

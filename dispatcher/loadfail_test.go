@@ -82,6 +82,13 @@ func TestLoadFailureRunsElsewhereThenLabelFailsFast(t *testing.T) {
 	}
 	checkCoolDownLeft(t, "a task for the failing label", got.header)
 	checkCoolDownLeft(t, "lf-3 submitted again", (<-b.postAsync(`{"task_id":"lf-3","task_type":"x","label":"bad2"}`)).header)
+	// An asynchronous task for it is refused the same way, not told 202 for a task
+	// that has already failed.
+	code, hdr, out := b.send("POST", "/run-task", `{"task_id":"lf-3a","task_type":"x","label":"bad2","return_result":false}`)
+	if msg, _ := out["error"].(string); code != 503 || !strings.Contains(msg, "weights corrupt") {
+		t.Fatalf("async task for a failing label: %d %v", code, out)
+	}
+	checkCoolDownLeft(t, "an async task for the failing label", hdr)
 	// Other labels still run.
 	w3 := b.dial("w3", "fine")
 	ans = b.postAsync(`{"task_id":"lf-4","task_type":"x","label":"fine"}`)
@@ -111,6 +118,11 @@ func TestLabelNoWorkerCanLoadAnswers503(t *testing.T) {
 	code, out := b.post("/run-task", `{"task_id":"nl-1","task_type":"x","label":"resnet-50"}`)
 	if msg, _ := out["error"].(string); code != 503 || !strings.Contains(msg, `no connected worker can load label "resnet-50"`) {
 		t.Fatalf("task for a label no worker can load: %d %v", code, out)
+	}
+	// Asynchronous too (it was told 202 with status failed and no error).
+	code, out = b.post("/run-task", `{"task_id":"nl-1a","task_type":"x","label":"resnet-50","return_result":false}`)
+	if msg, _ := out["error"].(string); code != 503 || !strings.Contains(msg, `no connected worker can load label "resnet-50"`) {
+		t.Fatalf("async task for a label no worker can load: %d %v", code, out)
 	}
 	ans := b.postAsync(`{"task_id":"nl-2","task_type":"x","label":"resnet50"}`)
 	a := w.assignment()
