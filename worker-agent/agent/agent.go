@@ -96,8 +96,12 @@ type agent struct {
 
 	mu                sync.Mutex
 	draining          bool
-	available         bool   // the backend's last Health answer
+	available         bool   // the backend's last Health answer, and it has models
 	unavailableReason string // why not, when !available
+	// noModels is set while a backend with a repository (Triton) lists none of this
+	// worker's labels: it is then unavailable, since an empty list would tell the
+	// dispatcher "any label". Cleared by refreshLoadable once models appear.
+	noModels bool
 	// loadable is what the hello announces (empty: any label); set by start, and by
 	// refreshLoadable when the backend's repository changes.
 	loadable []string
@@ -224,16 +228,22 @@ func (a *agent) start(ctx context.Context) error {
 			return fmt.Errorf("backend %s: %w", a.backend.Name(), err)
 		}
 	}
-	ictx, cancel := context.WithTimeout(ctx, a.cfg.HandshakeTimeout)
-	inv, err := a.backend.Inventory(ictx)
-	cancel()
+	inv, err := a.startInventory(ctx)
 	if err != nil {
-		// A backend that is not up yet (Triton starting) reports later through Health.
-		a.log.Warn().Err(err).Msg("backend inventory failed; assuming no label is loaded")
-		inv = backend.Inventory{}
+		return err
 	}
 	a.loadable = intersectLabels(a.cfg.Labels, inv.Loadable)
-	if len(a.loadable) == 0 && (len(a.cfg.Labels) > 0 || len(inv.Loadable) > 0) {
+	_, repository := a.backend.(backend.Repository)
+	switch {
+	case repository && (len(inv.Loadable) == 0 || len(a.loadable) == 0):
+		// Models may be uploaded later (a fresh cluster): wait for them unavailable, not
+		// offering every label (the empty list's meaning on the wire), each of whose
+		// loads would fail and mark the label failing on the whole fleet.
+		a.loadable = nil
+		a.noModels = true
+		a.log.Warn().Strs("labels", a.cfg.Labels).Strs("repository", inv.Loadable).
+			Msg("backend's repository lists none of this worker's labels; unavailable until it does")
+	case len(a.loadable) == 0 && (len(a.cfg.Labels) > 0 || len(inv.Loadable) > 0):
 		return fmt.Errorf("none of Labels %q can be loaded by backend %s (it can load %q)", a.cfg.Labels, a.backend.Name(), inv.Loadable)
 	}
 	emit := func(ev *pb.LabelEvent) {
@@ -261,6 +271,41 @@ func (a *agent) start(ctx context.Context) error {
 
 // checkInventory asks the backend which labels it can load, so that a model added to
 // the repository becomes routable without a restart.
+// startInventory reads what the backend holds and can load. A backend with a repository
+// (Triton) is asked again, with a backoff, until it answers: without its list the
+// worker would offer every label, and without what it holds it could load past
+// MaxLabels. Other backends' failures are taken as nothing loaded.
+func (a *agent) startInventory(ctx context.Context) (backend.Inventory, error) {
+	_, repository := a.backend.(backend.Repository)
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval, bo.MaxInterval = 500*time.Millisecond, 30*time.Second
+	for attempt := 1; ; attempt++ {
+		ictx, cancel := context.WithTimeout(ctx, a.cfg.HandshakeTimeout)
+		inv, err := a.backend.Inventory(ictx)
+		cancel()
+		if err == nil {
+			return inv, nil
+		}
+		if !repository {
+			// A backend that is not up yet reports later through Health.
+			a.log.Warn().Err(err).Msg("backend inventory failed; assuming no label is loaded")
+			return backend.Inventory{}, nil
+		}
+		ev := a.log.Debug()
+		if attempt == 1 {
+			ev = a.log.Warn()
+		}
+		ev.Err(err).Int("attempt", attempt).Msg("backend inventory failed; asking again before connecting")
+		t := time.NewTimer(bo.NextBackOff())
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return backend.Inventory{}, fmt.Errorf("backend %s inventory: %w", a.backend.Name(), err)
+		}
+	}
+}
+
 func (a *agent) checkInventory(repo backend.Repository) {
 	// Bounded like a handshake, not by the interval: a short interval must not fail
 	// every check of a slow index.
@@ -307,11 +352,12 @@ func (a *agent) refreshLoadable(backendLabels []string) {
 	// Inventory (the dispatcher requeues a task refused for a label removed, and must
 	// by then know this worker cannot take it), and a catch-up Inventory in connect
 	// cannot overtake a newer one.
-	tell := false
+	tell, hadNone := false, false
 	a.labels.setLoadable(loadable, func() {
 		a.mu.Lock()
 		defer a.mu.Unlock()
 		a.loadable = loadable
+		hadNone, a.noModels = a.noModels, false
 		if s := a.cur.Load(); s != nil && s.inventoryUpdates {
 			tell = true
 			s.send(inventoryFrame(loadable))
@@ -320,6 +366,9 @@ func (a *agent) refreshLoadable(backendLabels []string) {
 	a.metrics.labelsSeen(loadable)
 	a.log.Info().Strs("added", missingFrom(old, loadable)).Strs("removed", missingFrom(loadable, old)).
 		Bool("dispatcher_told", tell).Msg("backend's loadable labels changed")
+	if hadNone {
+		a.checkHealth() // available now, if the backend is up; after the Inventory
+	}
 }
 
 func inventoryFrame(loadable []string) *pb.Envelope {
@@ -720,9 +769,14 @@ func (a *agent) checkHealth() {
 }
 
 // setAvailable records whether the backend can take tasks and reports a change to the
-// dispatcher.
+// dispatcher. A backend whose repository lists none of the worker's labels cannot,
+// whatever its health: checked here, under the lock, so that a health check racing
+// with refreshLoadable cannot undo the availability that models brought.
 func (a *agent) setAvailable(available bool, reason string) {
 	a.mu.Lock()
+	if available && a.noModels {
+		available, reason = false, "backend's repository lists none of this worker's labels yet"
+	}
 	changed := available != a.available
 	a.available, a.unavailableReason = available, reason
 	s, draining := a.cur.Load(), a.draining

@@ -517,3 +517,56 @@ func TestTritonModelAddedReachesAnOlderDispatcherAtTheNextHello(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Triton started on an empty repository (models uploaded later) lists no model: the
+// worker says it is unavailable, and refuses a task it is sent anyway, instead of
+// offering every label (an empty list's meaning on the wire) and failing each load,
+// which would mark those labels failing fleet-wide. Once a model is uploaded, it tells
+// the dispatcher the list, becomes available and runs the model's tasks.
+func TestTritonEmptyRepositoryAtStartWaitsForModels(t *testing.T) {
+	t.Parallel()
+	f := fake.New(fake.Config{}) // no model folders yet
+	h := setup(t, withTriton(t, f), withConfig(func(c *agent.Config) { c.InventoryInterval = 5 * time.Millisecond }))
+	p := h.connectWith(&pb.Welcome{ProtocolVersion: frame.ProtocolVersion, DispatcherId: "d", InventoryUpdates: true})
+	if !p.hello.GetUnavailable() {
+		t.Fatalf("hello %v: want unavailable while the repository lists no model", p.hello)
+	}
+	if r := runTyped(p, "t1", "infer", "resnet50", inferParams); !r.GetRefused() || r.GetLoadFailed() {
+		t.Fatalf("task before any model: %v, want refused", r)
+	}
+	for _, ev := range p.events {
+		if ev.GetKind() == pb.LabelEvent_KIND_LOAD_FAILED {
+			t.Fatalf("a load was tried: %v", ev)
+		}
+	}
+	f.AddModel("resnet50")
+	if got := p.next().GetInventory().GetLoadableLabels(); !slices.Equal(got, []string{"resnet50"}) {
+		t.Fatalf("inventory %q, want resnet50", got)
+	}
+	if st := p.status(); !st.GetAccepting() {
+		t.Fatalf("status after the upload: %v, want accepting", st)
+	}
+	if r := runTyped(p, "t2", "infer", "resnet50", inferParams); !r.GetOk() {
+		t.Fatalf("task on the uploaded model: %v", r)
+	}
+	if err := h.stop(p); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A repository that does not answer at start is asked again before the agent
+// connects: without its list the worker would offer every label, and without what
+// Triton holds it could load past MaxLabels.
+func TestTritonIndexFailingAtStartIsAskedAgain(t *testing.T) {
+	t.Parallel()
+	f := fake.New(fake.Config{Models: []string{"a"}})
+	f.FailIndex(2) // the first two index requests fail with 500
+	h := setup(t, withTriton(t, f))
+	p := h.connect()
+	if got := p.hello.GetLoadableLabels(); !slices.Equal(got, []string{"a"}) || p.hello.GetUnavailable() {
+		t.Fatalf("hello %v: want a, available", p.hello)
+	}
+	if err := h.stop(p); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -109,6 +109,7 @@ type Server struct {
 	events        []string
 	subscribers   []chan string
 	loadsUnderway []string // "b while a UNLOADING", for loads started while another model was unloading
+	failIndex     int      // index requests left to fail with 500 (FailIndex)
 }
 
 // model is one model folder and its state. Guarded by Server.mu.
@@ -224,6 +225,14 @@ func (s *Server) SetDown(down bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.down = down
+}
+
+// FailIndex makes the next n repository index requests fail with 500, as a repository
+// Triton cannot read for a moment (a network volume) does.
+func (s *Server) FailIndex(n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.failIndex = n
 }
 
 // SetOldErrors switches old-server mode: every error answers 400.
@@ -532,6 +541,12 @@ func (s *Server) index(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	s.mu.Lock()
+	if s.failIndex > 0 {
+		s.failIndex--
+		s.mu.Unlock()
+		s.fail(w, http.StatusInternalServerError, "failed to poll the model repository")
+		return
+	}
 	s.readRepositoryLocked()
 	out := []indexEntry{}
 	for _, m := range s.models {
