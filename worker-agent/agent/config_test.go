@@ -185,3 +185,25 @@ func TestZeroThatWouldMeanTheDefaultIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// --agents N with the Triton backend would point N agents at one Triton, each
+// believing it owns it (each adopts the same models, fills MaxLabels of its own, and
+// unloads models the others run tasks on): refused as a config error before anything
+// starts, as are a count below one and one injected Backend for many.
+func TestRunManyRefusesASharedBackend(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // nothing may start: the config alone must be refused
+	for _, tt := range []struct {
+		name string
+		cfg  agent.Config
+		n    int
+	}{
+		{"triton", agent.Config{BackendName: "triton", LogOutput: io.Discard}, 2},
+		{"zero agents", agent.Config{LogOutput: io.Discard}, 0},
+	} {
+		if err := agent.RunMany(ctx, tt.cfg, tt.n); !errors.Is(err, agent.ErrConfig) {
+			t.Errorf("%s: RunMany = %v, want a config error", tt.name, err)
+		}
+	}
+}

@@ -1,9 +1,12 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"sync"
+
+	"github.com/smartroute/smartroute/worker-agent/backend/triton"
 )
 
 // RunMany runs n agents in this process, named WorkerID-1 … WorkerID-n, each with its
@@ -13,7 +16,12 @@ import (
 // after a drain, else the first error (which also stops the others).
 func RunMany(ctx context.Context, cfg Config, n int) error {
 	if n < 1 {
-		return fmt.Errorf("agent count must be at least 1, got %d", n)
+		return fmt.Errorf("%w: agent count must be at least 1, got %d", ErrConfig, n)
+	}
+	if n > 1 && (cfg.BackendName == triton.Name || cfg.Backend != nil) {
+		// Each agent believes it owns its backend: agents sharing one Triton would adopt
+		// the same models, fill MaxLabels each, and unload models the others run tasks on.
+		return fmt.Errorf("%w: %d agents cannot share one backend (%s); run one agent per Triton", ErrConfig, n, cmp.Or(cfg.BackendName, "injected"))
 	}
 	if cfg.MetricsAddr != "" {
 		if cfg.Metrics == nil {
@@ -29,9 +37,6 @@ func RunMany(ctx context.Context, cfg Config, n int) error {
 		return Run(ctx, cfg)
 	}
 	cfg = cfg.WithDefaults() // one default worker id to suffix
-	if cfg.Backend != nil {
-		return fmt.Errorf("RunMany cannot share one injected Backend between %d agents", n)
-	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var (
