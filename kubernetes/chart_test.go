@@ -587,6 +587,12 @@ func TestChartRejectsBadValues(t *testing.T) {
 		{"rollout that can never start", map[string]any{"workers": map[string]any{"updateStrategy": map[string]any{"maxSurge": 0, "maxUnavailable": "0%"}}}, "workers.updateStrategy"},
 		{"bad maxSurge", map[string]any{"workers": map[string]any{"updateStrategy": map[string]any{"maxSurge": "one"}}}, "maxSurge"},
 		{"unknown eviction policy", map[string]any{"workers": map[string]any{"podDisruptionBudget": map[string]any{"unhealthyPodEvictionPolicy": "Never"}}}, "unhealthyPodEvictionPolicy"},
+		// The collector reads INGEST_TOKEN comma-separated: a comma would split a token,
+		// and its agents' log streams would be refused while the dispatcher takes them.
+		{"comma in the worker token", map[string]any{"auth": map[string]any{"workerToken": "fleet-a,2025"}}, "workerToken"},
+		{"comma in an extra worker token", map[string]any{"auth": map[string]any{"extraWorkerTokens": []any{"x,y"}}}, "extraWorkerTokens"},
+		// The dispatcher would refuse it at start and crash-loop.
+		{"space in an API key", map[string]any{"auth": map[string]any{"apiKeys": []any{"key 1"}}}, "apiKeys"},
 		// What --set (not --set-string) makes of nvidia.com/gpu.present=true.
 		{"boolean nodeSelector value", map[string]any{"workers": map[string]any{"nodeSelector": map[string]any{"nvidia.com/gpu.present": true}}}, "nodeSelector"},
 	} {
@@ -600,6 +606,14 @@ func TestChartRejectsBadValues(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Every visible ASCII character but the comma is allowed in worker tokens (the
+// collector splits on commas), and every one in API keys.
+func TestChartAcceptsPunctuationInSecrets(t *testing.T) {
+	punct := "!\"#$%&'()*+-./:;<=>?@[\\]^_`{|}~"
+	mustRender(t, map[string]any{"auth": map[string]any{"workerToken": "t" + punct,
+		"extraWorkerTokens": []any{punct}, "apiKeys": []any{punct + ","}}})
 }
 
 // The README's GPU install: --set-string workers.nodeSelector.nvidia\.com/gpu\.present=true.

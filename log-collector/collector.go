@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
 
+	"github.com/smartroute/smartroute/proto/certfile"
 	"github.com/smartroute/smartroute/proto/credential"
 	pb "github.com/smartroute/smartroute/proto/smartroutev1"
 )
@@ -220,12 +221,21 @@ func New(cfg Config) (*Collector, error) {
 	}
 	var tlsCfg *tls.Config
 	if cfg.TLSCert != "" {
-		cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
+		// A renewed pair in the same files is served without a restart.
+		pair, err := certfile.Load(cfg.TLSCert, cfg.TLSKey)
 		if err != nil {
 			return nil, fmt.Errorf("%w: TLSCert/TLSKey: %w", ErrConfig, err)
 		}
+		log := cfg.Logger.With().Str("component", "tls").Logger()
+		pair.OnReload = func(err error) {
+			if err != nil {
+				log.Error().Err(err).Msg("renewed TLS certificate not taken")
+				return
+			}
+			log.Info().Str("cert_file", cfg.TLSCert).Msg("renewed TLS certificate taken")
+		}
 		// HTTP/1.1 only: /ingest is a WebSocket upgrade, which HTTP/2 cannot hijack.
-		tlsCfg = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"}}
+		tlsCfg = &tls.Config{GetCertificate: pair.GetCertificate, MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"}}
 	}
 	st, err := newStore(cfg.Dir, cfg.MaxFileBytes, cfg.MaxFiles)
 	if err != nil {
