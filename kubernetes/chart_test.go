@@ -587,6 +587,8 @@ func TestChartRejectsBadValues(t *testing.T) {
 		{"rollout that can never start", map[string]any{"workers": map[string]any{"updateStrategy": map[string]any{"maxSurge": 0, "maxUnavailable": "0%"}}}, "workers.updateStrategy"},
 		{"bad maxSurge", map[string]any{"workers": map[string]any{"updateStrategy": map[string]any{"maxSurge": "one"}}}, "maxSurge"},
 		{"unknown eviction policy", map[string]any{"workers": map[string]any{"podDisruptionBudget": map[string]any{"unhealthyPodEvictionPolicy": "Never"}}}, "unhealthyPodEvictionPolicy"},
+		{"opsAuth scraped without a key", map[string]any{"auth": map[string]any{"opsAuth": true},
+			"metrics": map[string]any{"serviceMonitor": map[string]any{"enabled": true}}}, "metrics.serviceMonitor.authorization"},
 		// The collector reads INGEST_TOKEN comma-separated: a comma would split a token,
 		// and its agents' log streams would be refused while the dispatcher takes them.
 		{"comma in the worker token", map[string]any{"auth": map[string]any{"workerToken": "fleet-a,2025"}}, "workerToken"},
