@@ -216,6 +216,10 @@ type Backend struct {
 	mu     sync.Mutex
 	models map[string]*modelOps // per model, created on first use
 	loaded map[string]bool      // models this backend loaded (or found loaded) and has not unloaded
+	// abandoned are models whose load was given up and whose unload did not end in
+	// time: Triton may still be loading them (it runs the unload once the load ends),
+	// holding memory nothing counts. Loads wait for them (waitForRoom).
+	abandoned map[string]bool
 
 	joinedLoad func(label string) // test hook: a Load has joined label's load call
 }
@@ -262,6 +266,7 @@ func New(cfg Config) (*Backend, error) {
 		log:        cfg.Log,
 		models:     make(map[string]*modelOps),
 		loaded:     make(map[string]bool),
+		abandoned:  make(map[string]bool),
 	}, nil
 }
 
@@ -468,7 +473,7 @@ func (b *Backend) runLoad(ctx context.Context, label string, m *modelOps, c *loa
 	if err == nil {
 		// Memory an unload frees is free only once the model has left UNLOADING;
 		// loading into it earlier has crashed Triton.
-		if err = b.waitNoUnloading(ctx, label); err == nil {
+		if err = b.waitForRoom(ctx, label); err == nil {
 			err = b.load(ctx, label)
 			var te *Error
 			// A refused connection sent nothing: there is nothing to clean up.
@@ -481,7 +486,10 @@ func (b *Backend) runLoad(ctx context.Context, label string, m *modelOps, c *loa
 				// this one.
 				uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.cfg.UnloadTimeout)
 				if uerr := b.unload(uctx, label); uerr != nil {
-					b.log.Warn().Err(uerr).Str("label", label).Msg("unload after an abandoned load failed")
+					b.log.Warn().Err(uerr).Str("label", label).Msg("unload after an abandoned load failed; loads wait until it holds no memory")
+					b.mu.Lock()
+					b.abandoned[label] = true
+					b.mu.Unlock()
 				}
 				cancel()
 				if errors.Is(ctx.Err(), context.DeadlineExceeded) {
@@ -499,25 +507,78 @@ func (b *Backend) runLoad(ctx context.Context, label string, m *modelOps, c *loa
 	}
 	if err == nil {
 		b.loaded[label] = true
+		delete(b.abandoned, label) // loaded again: ours, and counted
 	}
 	c.err = err
 	b.mu.Unlock()
 	close(c.done)
 }
 
-// waitNoUnloading polls the index until no model is UNLOADING, so that a load never
-// goes into room an unload (ours that timed out, or anyone's) has not freed yet.
-func (b *Backend) waitNoUnloading(ctx context.Context, label string) error {
-	unloading, err := b.awaitIndex(ctx, firstInState("UNLOADING"), func(unloading string) {
-		b.log.Info().Str("label", label).Str("unloading", unloading).Msg("waiting for an unload to end before loading")
+// waitForRoom polls the index until no model is UNLOADING and no abandoned model is
+// still loading, so that a load never goes into room an unload (ours that timed out,
+// or anyone's) has not freed yet. An abandoned model Triton finished loading and kept
+// (its queued unload lost) is unloaded first.
+func (b *Backend) waitForRoom(ctx context.Context, label string) error {
+	var ready []string // abandoned models READY at the last index read
+	unloading, err := b.awaitIndex(ctx, func(entries []indexEntry) string {
+		if name := firstInState("UNLOADING")(entries); name != "" {
+			return name
+		}
+		ready = ready[:0]
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		for name := range b.abandoned {
+			switch heldState(entries, name) {
+			case "": // its memory is free
+				delete(b.abandoned, name)
+			case "READY":
+				if name != label { // loading it again makes it ours
+					ready = append(ready, name)
+				}
+			default: // LOADING, UNLOADING
+				return name
+			}
+		}
+		return ""
+	}, func(unloading string) {
+		b.log.Info().Str("label", label).Str("waiting_for", unloading).Msg("waiting for an unload, or an abandoned load, to end before loading")
 	})
-	switch {
-	case err == nil:
+	if err == nil {
+		for _, name := range ready {
+			if err := b.unloadAbandoned(ctx, name); err != nil {
+				return fmt.Errorf("triton load %q: model %q, whose load was abandoned, still holds memory: %w", label, name, err)
+			}
+		}
 		return nil
-	case ctx.Err() != nil && unloading != "":
-		return fmt.Errorf("triton load %q: model %q still UNLOADING: %w", label, unloading, ctx.Err())
+	}
+	if ctx.Err() != nil && unloading != "" {
+		return fmt.Errorf("triton load %q: model %q still UNLOADING or LOADING: %w", label, unloading, ctx.Err())
 	}
 	return fmt.Errorf("triton load %q: reading the index before loading: %w", label, err)
+}
+
+// unloadAbandoned unloads a model whose load was abandoned and which Triton kept,
+// under its own lock; one that a load or unload holds now is left to it.
+func (b *Backend) unloadAbandoned(ctx context.Context, name string) error {
+	b.mu.Lock()
+	m := b.ops(name)
+	b.mu.Unlock()
+	select {
+	case m.lock <- struct{}{}:
+	default:
+		return nil // being loaded or unloaded: that call settles it
+	}
+	defer m.release()
+	uctx, cancel := context.WithTimeout(ctx, b.cfg.UnloadTimeout)
+	defer cancel()
+	if err := b.unload(uctx, name); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	delete(b.abandoned, name)
+	b.mu.Unlock()
+	b.log.Info().Str("label", name).Msg("unloaded a model whose load was abandoned")
+	return nil
 }
 
 // firstInState returns an awaitIndex test that finds the first model in state.

@@ -642,3 +642,36 @@ func TestReloadOutlivesTheTaskThatStartedIt(t *testing.T) {
 		t.Fatalf("Run = %v", err)
 	}
 }
+
+// A load that outlives LoadTimeout is abandoned and unloaded; Triton runs that unload
+// only once the load ends, so the model can still be LOADING (holding memory) when the
+// unload's own timeout passes. The next load of another model waits for it (TRITON.md:
+// loading before memory is released has crashed servers), and goes ahead once it is
+// gone. Before, it went in beside the abandoned one: one model more than counted.
+func TestAbandonedLoadStillLoadingKeepsItsRoom(t *testing.T) {
+	t.Parallel()
+	x := setup(t, fake.Config{Models: []string{"big", "small"}}, func(c *triton.Config) {
+		c.LoadTimeout = 200 * time.Millisecond
+		c.UnloadTimeout = 200 * time.Millisecond
+	})
+	release := x.fake.HoldLoads("big")
+	if err := x.b.Load(t.Context(), "big"); err == nil {
+		t.Fatal("Load of big succeeded while Triton still loads it")
+	}
+	if st := x.fake.State("big"); st != fake.StateLoading {
+		t.Fatalf("big is %q, want still LOADING", st)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	err := x.b.Load(ctx, "small")
+	cancel()
+	if err == nil || slices.Contains(x.fake.Events(), "load_start small") {
+		t.Fatalf("Load(small) = %v, events %v: sent while big, abandoned, was still LOADING", err, x.fake.Events())
+	}
+	release() // big's load ends; Triton then runs the unload it queued
+	if err := x.b.Load(t.Context(), "small"); err != nil {
+		t.Fatalf("Load(small) once big is gone: %v", err)
+	}
+	if st := x.fake.State("big"); st == fake.StateReady || st == fake.StateLoading || st == fake.StateUnloading {
+		t.Fatalf("big is %q after small loaded, want it gone", st)
+	}
+}
