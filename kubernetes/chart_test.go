@@ -360,8 +360,10 @@ func TestChartDefaultValues(t *testing.T) {
 	if agent.ReadinessProbe.HTTPGet == nil || agent.ReadinessProbe.HTTPGet.Path != "/readyz" {
 		t.Errorf("agent readiness = %+v, want /readyz", agent.ReadinessProbe.ProbeHandler)
 	}
-	if triton.ReadinessProbe.HTTPGet == nil || triton.ReadinessProbe.HTTPGet.Path != "/v2/health/ready" {
-		t.Errorf("triton readiness = %+v, want /v2/health/ready", triton.ReadinessProbe.ProbeHandler)
+	// Triton's strict /v2/health/ready is false during every model load and unload: the
+	// pod would flap NotReady with each label load (TRITON.md).
+	if triton.ReadinessProbe.HTTPGet == nil || triton.ReadinessProbe.HTTPGet.Path != "/v2/health/live" {
+		t.Errorf("triton readiness = %+v, want /v2/health/live", triton.ReadinessProbe.ProbeHandler)
 	}
 	for _, c := range []corev1.Container{agent} {
 		for _, p := range []*corev1.Probe{c.LivenessProbe, c.StartupProbe} {
