@@ -57,22 +57,41 @@ func serialOf(t *testing.T, c *tls.Certificate) int64 {
 	return leaf.SerialNumber.Int64()
 }
 
+// fixture is a Reloader on a pair with serial 1, written an hour ago, on a clock the
+// test moves.
+type fixture struct {
+	r                 *Reloader
+	certFile, keyFile string
+	base              time.Time // the files' modification time
+	now               time.Time
+}
+
+func (f *fixture) advance(d time.Duration) { f.now = f.now.Add(d) }
+
+func loaded(t *testing.T) *fixture {
+	t.Helper()
+	dir := t.TempDir()
+	f := &fixture{certFile: filepath.Join(dir, "tls.crt"), keyFile: filepath.Join(dir, "tls.key"),
+		base: time.Now().Add(-time.Hour)}
+	c1, k1 := pair(t, "svc", 1)
+	write(t, f.certFile, c1, f.base)
+	write(t, f.keyFile, k1, f.base)
+	r, err := Load(f.certFile, f.keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.now = r.checked // the clock starts where Load read it
+	r.now = func() time.Time { return f.now }
+	f.r = r
+	return f
+}
+
 // A renewed pair is served once CheckEvery has passed, without a restart; a pair
 // changed into one that does not match (the certificate swapped, its key not yet)
 // keeps the previous one and is reported; the next change is taken.
 func TestRenewedPairIsServed(t *testing.T) {
-	dir := t.TempDir()
-	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
-	base := time.Now().Add(-time.Hour)
-	c1, k1 := pair(t, "svc", 1)
-	write(t, certFile, c1, base)
-	write(t, keyFile, k1, base)
-	r, err := Load(certFile, keyFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	now := time.Now()
-	r.now = func() time.Time { return now }
+	f := loaded(t)
+	r, certFile, keyFile, base := f.r, f.certFile, f.keyFile, f.base
 	var reloads []error
 	r.OnReload = func(err error) { reloads = append(reloads, err) }
 	get := func() int64 {
@@ -89,23 +108,23 @@ func TestRenewedPairIsServed(t *testing.T) {
 	if s := get(); s != 1 {
 		t.Fatalf("before CheckEvery passed: serial %d, want 1", s)
 	}
-	now = now.Add(CheckEvery)
+	f.advance(CheckEvery)
 	if s := get(); s != 2 || len(reloads) != 1 || reloads[0] != nil {
 		t.Fatalf("after the renewal: serial %d, reloads %v; want 2 and one good reload", s, reloads)
 	}
 
 	c3, k3 := pair(t, "svc", 3)
 	write(t, certFile, c3, base.Add(2*time.Minute)) // its key not swapped in yet
-	now = now.Add(CheckEvery)
+	f.advance(CheckEvery)
 	if s := get(); s != 2 || len(reloads) != 2 || reloads[1] == nil {
 		t.Fatalf("with a mismatched pair: serial %d, reloads %v; want 2 kept and an error", s, reloads)
 	}
-	now = now.Add(CheckEvery)
+	f.advance(CheckEvery)
 	if get(); len(reloads) != 2 {
 		t.Fatalf("the unchanged bad pair was read again: %v", reloads)
 	}
 	write(t, keyFile, k3, base.Add(2*time.Minute))
-	now = now.Add(CheckEvery)
+	f.advance(CheckEvery)
 	if s := get(); s != 3 || len(reloads) != 3 || reloads[2] != nil {
 		t.Fatalf("once the key arrived: serial %d, reloads %v", s, reloads)
 	}
@@ -114,22 +133,12 @@ func TestRenewedPairIsServed(t *testing.T) {
 // A TLS server configured with GetCertificate hands the renewed certificate to a new
 // client, over a real handshake.
 func TestHandshakeGetsTheRenewedCertificate(t *testing.T) {
-	dir := t.TempDir()
-	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
-	base := time.Now().Add(-time.Hour)
-	c1, k1 := pair(t, "svc", 1)
-	write(t, certFile, c1, base)
-	write(t, keyFile, k1, base)
-	r, err := Load(certFile, keyFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	now := time.Now()
-	r.now = func() time.Time { return now }
+	f := loaded(t)
+	r, certFile, keyFile, base := f.r, f.certFile, f.keyFile, f.base
 	c2, k2 := pair(t, "svc", 2)
 	write(t, certFile, c2, base.Add(time.Minute))
 	write(t, keyFile, k2, base.Add(time.Minute))
-	now = now.Add(CheckEvery)
+	f.advance(CheckEvery)
 
 	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{GetCertificate: r.GetCertificate, MinVersion: tls.VersionTLS12})
 	if err != nil {
