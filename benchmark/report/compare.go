@@ -6,6 +6,8 @@ import (
 	"math"
 	"strings"
 	"time"
+
+	"github.com/smartroute/smartroute/benchmark/producer"
 )
 
 // Comparison is routing and random dispatch measured back to back with the same seed.
@@ -50,23 +52,43 @@ func ratio(num, den float64, better, worse string) Ratio {
 	return Ratio{Value: v, Text: fmt.Sprintf("%.1fx %s", 1/v, worse)}
 }
 
-func durRatio(routing, random time.Duration) Ratio {
-	return lowerIsBetter(routing.Seconds(), random.Seconds(), "lower", "higher")
+// noTasks is the ratio of a metric one run has no data for: a run that completed no
+// task has an average runtime, a latency and misses of zero because nothing ran, which
+// ratio would report as an infinite win.
+var noTasks = Ratio{Value: math.NaN(), Text: "n/a (a run completed no task)"}
+
+// workersRan says both runs' worker logs show completed tasks.
+func (c Comparison) workersRan() bool {
+	return c.Routing.Worker.TasksCompleted > 0 && c.Random.Worker.TasksCompleted > 0
+}
+
+// latency compares one end-to-end latency statistic: random/routing.
+func (c Comparison) latency(pick func(producer.LatencyStats) time.Duration) Ratio {
+	if c.Routing.Producer.Latency.Count == 0 || c.Random.Producer.Latency.Count == 0 {
+		return noTasks
+	}
+	return lowerIsBetter(pick(c.Routing.Producer.Latency).Seconds(), pick(c.Random.Producer.Latency).Seconds(), "lower", "higher")
 }
 
 // Misses compares label misses: random/routing.
 func (c Comparison) Misses() Ratio {
+	if !c.workersRan() {
+		return noTasks
+	}
 	return lowerIsBetter(float64(c.Routing.Worker.LabelMisses), float64(c.Random.Worker.LabelMisses), "fewer misses", "more misses")
 }
 
 // Runtime compares the average task runtime: random/routing.
 func (c Comparison) Runtime() Ratio {
+	if !c.workersRan() {
+		return noTasks
+	}
 	return lowerIsBetter(c.Routing.Worker.AvgTaskRuntime.Seconds(), c.Random.Worker.AvgTaskRuntime.Seconds(), "shorter", "longer")
 }
 
 // P95 compares the p95 end-to-end latency: random/routing.
 func (c Comparison) P95() Ratio {
-	return durRatio(c.Routing.Producer.Latency.P95, c.Random.Producer.Latency.P95)
+	return c.latency(func(l producer.LatencyStats) time.Duration { return l.P95 })
 }
 
 // Throughput compares completed tasks per second: routing/random.
@@ -103,10 +125,10 @@ func WriteComparison(w io.Writer, c Comparison) error {
 		row("  at time-scale 1", s(rt.Settings.unscaledRuntime(rt.Worker)), s(rd.Settings.unscaledRuntime(rd.Worker)), "")
 	}
 	row("Total Failed Requests", fmt.Sprint(rt.Producer.Failed), fmt.Sprint(rd.Producer.Failed), "")
-	row("Mean Latency", s(rt.Producer.Latency.Mean), s(rd.Producer.Latency.Mean), durRatio(rt.Producer.Latency.Mean, rd.Producer.Latency.Mean).Text)
-	row("p50 Latency", s(rt.Producer.Latency.P50), s(rd.Producer.Latency.P50), durRatio(rt.Producer.Latency.P50, rd.Producer.Latency.P50).Text)
+	row("Mean Latency", s(rt.Producer.Latency.Mean), s(rd.Producer.Latency.Mean), c.latency(func(l producer.LatencyStats) time.Duration { return l.Mean }).Text)
+	row("p50 Latency", s(rt.Producer.Latency.P50), s(rd.Producer.Latency.P50), c.latency(func(l producer.LatencyStats) time.Duration { return l.P50 }).Text)
 	row("p95 Latency", s(rt.Producer.Latency.P95), s(rd.Producer.Latency.P95), c.P95().Text)
-	row("p99 Latency", s(rt.Producer.Latency.P99), s(rd.Producer.Latency.P99), durRatio(rt.Producer.Latency.P99, rd.Producer.Latency.P99).Text)
+	row("p99 Latency", s(rt.Producer.Latency.P99), s(rd.Producer.Latency.P99), c.latency(func(l producer.LatencyStats) time.Duration { return l.P99 }).Text)
 	row("Throughput", fmt.Sprintf("%.2f /s", rt.Producer.Throughput), fmt.Sprintf("%.2f /s", rd.Producer.Throughput), c.Throughput().Text)
 	row("Wall Time", fmt.Sprintf("%.1f s", rt.Producer.Wall.Seconds()), fmt.Sprintf("%.1f s", rd.Producer.Wall.Seconds()), "")
 	return ew.err

@@ -169,6 +169,32 @@ func TestRatios(t *testing.T) {
 	}
 }
 
+// A run that completed no task (every request failed) has a runtime, latencies and
+// misses of zero because nothing ran: not an infinite win. Its ratios say n/a, and
+// --json writes null for them.
+func TestEmptyRunIsNotAWin(t *testing.T) {
+	c := seedComparison()
+	c.Routing.Worker.TasksCompleted, c.Routing.Worker.AvgTaskRuntime, c.Routing.Worker.LabelMisses = 0, 0, 0
+	c.Routing.Producer.Completed, c.Routing.Producer.Failed = 0, c.Routing.Producer.Requests
+	c.Routing.Producer.Latency = producer.LatencyStats{}
+	c.Routing.Producer.Throughput = 0
+	for name, r := range map[string]Ratio{"misses": c.Misses(), "runtime": c.Runtime(), "p95": c.P95()} {
+		if !math.IsNaN(r.Value) || !strings.Contains(r.Text, "n/a") {
+			t.Errorf("%s: a run with no completed task compares as %+v, want n/a", name, r)
+		}
+	}
+	var b strings.Builder
+	if err := WriteComparison(&b, c); err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(b.String(), "\n") {
+		// Its throughput of 0 is a true loss ("∞ lower"); the rest is no data.
+		if strings.Contains(line, "∞") && !strings.HasPrefix(line, "Throughput") {
+			t.Errorf("the comparison table calls the empty run a win: %q", line)
+		}
+	}
+}
+
 func TestWriteComparison(t *testing.T) {
 	t.Parallel()
 	var b bytes.Buffer
