@@ -68,6 +68,7 @@ type item struct {
 	cancel    context.CancelFunc
 
 	done bool
+	miss bool   // completed on a worker that loaded its label; counted when written
 	out  []byte // the output line, newline included
 	rej  []byte // the rejected file's line, when rejected
 
@@ -785,11 +786,7 @@ func (j *job) complete(it *item, a answer) {
 		j.reject(it, "encoding the result: "+err.Error())
 		return
 	}
-	if a.LabelMiss {
-		j.st.misses.Add(1)
-	}
-	j.st.completed.Add(1)
-	it.done, it.out = true, append(b, '\n')
+	it.done, it.miss, it.out = true, a.LabelMiss, append(b, '\n')
 	it.raw, it.task.params = nil, nil
 	j.account(it)
 }
@@ -814,13 +811,15 @@ func validOrNil(b json.RawMessage) json.RawMessage {
 func (j *job) reject(it *item, reason string) {
 	out, _ := json.Marshal(outputLine{Line: it.line, ID: it.task.id, Status: "rejected", Error: reason})
 	rej, _ := json.Marshal(rejectedLine{Line: it.line, ID: it.task.id, Reason: reason, Input: string(it.raw)})
-	j.st.rejected.Add(1)
 	it.done, it.out, it.rej = true, append(out, '\n'), append(rej, '\n')
 	it.raw, it.task.params = nil, nil
 	j.account(it)
 }
 
-// flush writes the finished lines at the head of the window, in order.
+// flush writes the finished lines at the head of the window, in order. Lines are
+// counted (completed, rejected, label misses) as they are written, not as their answers
+// come: a job stopped with answers held behind an earlier line does not write them,
+// and its resume runs and counts those lines again.
 func (j *job) flush() error {
 	n := 0
 	for n < len(j.win) && j.win[n].done {
@@ -834,6 +833,12 @@ func (j *job) flush() error {
 				return fmt.Errorf("writing rejected: %w", err)
 			}
 			j.written.RejectedSize += int64(len(it.rej))
+			j.st.rejected.Add(1)
+		} else {
+			j.st.completed.Add(1)
+			if it.miss {
+				j.st.misses.Add(1)
+			}
 		}
 		j.written.Lines = it.line
 		j.written.InputOffset = it.end

@@ -1104,3 +1104,55 @@ func TestWindowBoundedInBytes(t *testing.T) {
 		}
 	})
 }
+
+// A job stopped while line 1 is still in flight has line 2's answer but cannot write
+// it (output keeps input order): its summary counts only the lines it wrote, and the
+// resume, which runs line 2 again, counts it once. Before, line 2 was counted by both.
+func TestInterruptedSummaryCountsOnlyWrittenLines(t *testing.T) {
+	t.Parallel()
+	f := newFakeDispatcher(t, func(ctx context.Context, _ runTaskBody, line, nth int) (int, string) {
+		if line == 1 && nth == 1 {
+			<-ctx.Done() // in flight until the job stops
+		}
+		return http.StatusOK, ""
+	})
+	cfg := setup(t, f, taskLines(2))
+	cfg.Order = OrderFile
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ControlListener = ln
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	type result struct {
+		s   Summary
+		err error
+	}
+	done := make(chan result, 1)
+	go func() { s, err := Run(ctx, cfg); done <- result{s, err} }()
+	waitFor(t, "line 2's answer to be taken while line 1 runs", func() bool {
+		resp, err := noKeepAlive.Get("http://" + ln.Addr().String() + "/status")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		var st Status
+		_ = json.NewDecoder(resp.Body).Decode(&st)
+		return st.Issued == 2 && st.InFlight == 1
+	})
+	cancel()
+	first := <-done
+	if first.err == nil || !strings.Contains(first.err.Error(), "canceled") {
+		t.Fatalf("first run: %v", first.err)
+	}
+	if s := first.s; s.Lines != 0 || s.Completed+s.Rejected != s.Lines || s.LabelMisses != 0 {
+		t.Errorf("interrupted run's summary: %d lines written, %d completed, %d rejected, %d misses", s.Lines, s.Completed, s.Rejected, s.LabelMisses)
+	}
+	cfg.ControlListener = nil
+	second := run(t, cfg)
+	checkOutput(t, cfg.Output, 2)
+	if got := first.s.Completed + second.Completed; got != 2 {
+		t.Errorf("the two runs report %d completed lines for a 2-line input", got)
+	}
+}
