@@ -651,7 +651,9 @@ func TestReloadOutlivesTheTaskThatStartedIt(t *testing.T) {
 func TestAbandonedLoadStillLoadingKeepsItsRoom(t *testing.T) {
 	t.Parallel()
 	x := setup(t, fake.Config{Models: []string{"big", "small"}}, func(c *triton.Config) {
-		c.LoadTimeout = 200 * time.Millisecond
+		// Long enough for the load to reach Triton on a loaded machine; the unload's
+		// timeout short, as the defect needs.
+		c.LoadTimeout = 2 * time.Second
 		c.UnloadTimeout = 200 * time.Millisecond
 	})
 	release := x.fake.HoldLoads("big")
