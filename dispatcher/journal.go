@@ -34,9 +34,11 @@ var errDataDirInUse = errors.New("another dispatcher is using this data dir")
 // task is pending) followed by the JSON of a journalEntry: the janitor reads only
 // the prefix.
 type journal struct {
-	db        *bolt.DB
-	log       zerolog.Logger
-	retention time.Duration
+	db *bolt.DB
+	// retention, log, and the failing-disk handling: writeErrors counts failed writes
+	// of answers; a failed batch stays queued, answerable from memory, and is written
+	// again after a backoff (retryAfter), so that a disk full for a while loses nothing.
+	journalOptions
 
 	// Completions are written by one goroutine, many per transaction: finish runs
 	// under the hub's lock and must not wait for a disk. Guarded by mu.
@@ -44,15 +46,6 @@ type journal struct {
 	pending []journalEntry
 	writing []journalEntry // the batch being committed, until it is on disk; for get
 	wake    chan struct{}  // capacity 1: there is something in pending
-
-	// writeErrors counts failed writes of answers (nil: not counted). A failed batch
-	// stays queued, answerable from memory, and is written again after a backoff
-	// (retryAfter, nil: the default), so that a disk full for a while loses nothing.
-	writeErrors prometheus.Counter
-	retryAfter  func() backoff.BackOff
-	// writeFault, when set, fails the journal's writes (accept and answers) with its
-	// error: tests inject a failing disk with it.
-	writeFault func() error
 
 	closeOnce sync.Once
 	stop      chan struct{}
@@ -91,7 +84,9 @@ type journalOptions struct {
 	log                    zerolog.Logger
 	writeErrors            prometheus.Counter     // nil: not counted
 	retryAfter             func() backoff.BackOff // nil: answersRetry
-	writeFault             func() error           // tests
+	// writeFault, when set, fails the journal's writes (accept and answers) with its
+	// error: tests inject a failing disk with it.
+	writeFault func() error
 }
 
 // answersRetry paces the writes of answers again after a failed one: soon at first, at
@@ -106,7 +101,7 @@ func answersRetry() backoff.BackOff {
 // openJournal opens (creating) the journal in dir. A file locked by another process
 // fails after lockTimeout with errDataDirInUse.
 func openJournal(dir string, o journalOptions) (*journal, error) {
-	retention, lockTimeout, log := o.retention, o.lockTimeout, o.log
+	lockTimeout := o.lockTimeout
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
 	}
@@ -135,8 +130,7 @@ func openJournal(dir string, o journalOptions) (*journal, error) {
 	if o.retryAfter == nil {
 		o.retryAfter = answersRetry
 	}
-	j := &journal{db: db, log: log, retention: retention, wake: make(chan struct{}, 1),
-		writeErrors: o.writeErrors, retryAfter: o.retryAfter, writeFault: o.writeFault,
+	j := &journal{db: db, journalOptions: o, wake: make(chan struct{}, 1),
 		stop: make(chan struct{}), stopped: make(chan struct{})}
 	go j.writeCompletions()
 	return j, nil
