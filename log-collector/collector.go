@@ -293,7 +293,7 @@ func (c *Collector) routes() *echo.Echo {
 
 // getLogs answers GET /logs?worker=&level=&event=&since=&until=&limit=.
 func (c *Collector) getLogs(ctx echo.Context) error {
-	q, err := parseLogQuery(ctx.QueryParams(), time.Now())
+	q, err := parseLogQuery(ctx.Request().URL.RawQuery, time.Now())
 	if err != nil {
 		return ctx.JSON(http.StatusBadRequest, errorBody{err.Error()})
 	}
@@ -306,6 +306,9 @@ func (c *Collector) getLogs(ctx echo.Context) error {
 	}
 	if err != nil {
 		return err
+	}
+	for _, err := range resp.unreadable {
+		c.log.Warn().Err(err).Msg("left a worker's unreadable logs out of a query over every worker")
 	}
 	return ctx.JSON(http.StatusOK, resp)
 }

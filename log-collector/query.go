@@ -36,10 +36,23 @@ type logQuery struct {
 	maxBytes int // record bytes held and returned; MaxQueryBytes unless a test lowers it
 }
 
-// parseLogQuery validates the query parameters of GET /logs; its errors are meant for
-// the caller and name the parameter. now anchors durations ("since=15m").
-func parseLogQuery(v url.Values, now time.Time) (logQuery, error) {
+// queryLevels are the level names a query takes. Not zerolog.ParseLevel, which also
+// reads integers ("42") that no record's level is.
+var queryLevels = map[string]zerolog.Level{
+	"trace": zerolog.TraceLevel, "debug": zerolog.DebugLevel, "info": zerolog.InfoLevel, "warn": zerolog.WarnLevel,
+	"error": zerolog.ErrorLevel, "fatal": zerolog.FatalLevel, "panic": zerolog.PanicLevel,
+}
+
+// parseLogQuery validates the raw query string of GET /logs; its errors are meant for
+// the caller and name the parameter. now anchors durations ("since=15m"). The raw
+// string, not echo's QueryParams: those drop the parse error and with it any pair after
+// a bad escape or a semicolon, so a filter would silently be lost.
+func parseLogQuery(raw string, now time.Time) (logQuery, error) {
 	q := logQuery{minLevel: zerolog.NoLevel, limit: DefaultQueryLimit, maxBytes: MaxQueryBytes}
+	v, err := url.ParseQuery(raw)
+	if err != nil {
+		return q, fmt.Errorf("query string: %w", err)
+	}
 	for name, vals := range v {
 		if !slices.Contains(queryParams, name) {
 			return q, fmt.Errorf("unknown parameter %q (known: %s)", name, strings.Join(queryParams, ", "))
@@ -55,14 +68,13 @@ func parseLogQuery(v url.Values, now time.Time) (logQuery, error) {
 		q.worker = w
 	}
 	if l := v.Get("level"); l != "" {
-		lvl, err := zerolog.ParseLevel(strings.ToLower(l))
-		if err != nil || lvl == zerolog.NoLevel || lvl == zerolog.Disabled {
+		lvl, ok := queryLevels[strings.ToLower(l)]
+		if !ok {
 			return q, fmt.Errorf("level %q is not one of trace, debug, info, warn, error, fatal, panic", l)
 		}
 		q.minLevel = lvl
 	}
 	q.event = v.Get("event")
-	var err error
 	if q.since, err = parseQueryTime("since", v.Get("since"), now); err != nil {
 		return q, err
 	}
@@ -160,6 +172,11 @@ type logsResponse struct {
 	Count   int               `json:"count"`
 	// Truncated says older matching records were left out by the limit.
 	Truncated bool `json:"truncated"`
+	// UnreadableWorkers, in a query over every worker, are those whose logs could not
+	// be read (a damaged directory): left out, so that one worker's damage does not
+	// hide everyone's logs. Why is in unreadable and in the collector's log.
+	UnreadableWorkers []string `json:"unreadable_workers,omitempty"`
+	unreadable        []error
 }
 
 // query runs q over the store: per worker the last q.limit matches in file order;
@@ -175,10 +192,19 @@ func (s *store) query(q logQuery) (logsResponse, error) {
 	var (
 		all       []matchedRecord
 		truncated bool
+		resp      logsResponse
 	)
+	skip := func(id string, err error) {
+		resp.UnreadableWorkers = append(resp.UnreadableWorkers, id)
+		resp.unreadable = append(resp.unreadable, err)
+	}
 	for _, id := range ids {
 		w, err := s.existing(id)
 		if err != nil {
+			if q.worker == "" {
+				skip(id, err)
+				continue
+			}
 			return logsResponse{}, err
 		}
 		if w == nil {
@@ -206,6 +232,10 @@ func (s *store) query(q logQuery) (logsResponse, error) {
 			}
 		})
 		if err != nil {
+			if q.worker == "" {
+				skip(id, fmt.Errorf("read logs of worker %s: %w", id, err))
+				continue
+			}
 			return logsResponse{}, err
 		}
 		ring := recent[head:]
@@ -220,7 +250,7 @@ func (s *store) query(q logQuery) (logsResponse, error) {
 		all = keepLast(all, q, &truncated)
 	}
 	// Within limit and maxBytes already: the scan kept one worker's, keepLast the merge.
-	resp := logsResponse{Records: make([]json.RawMessage, len(all)), Count: len(all), Truncated: truncated}
+	resp.Records, resp.Count, resp.Truncated = make([]json.RawMessage, len(all)), len(all), truncated
 	for i, m := range all {
 		resp.Records[i] = m.raw
 	}

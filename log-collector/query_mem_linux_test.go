@@ -5,7 +5,6 @@ package logcollector
 import (
 	"bufio"
 	"fmt"
-	"net/url"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -73,7 +72,7 @@ func TestAllWorkersQueryMemoryIsBoundedByLimit(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		q, err := parseLogQuery(url.Values{"limit": {fmt.Sprint(limit)}}, time.Now())
+		q, err := parseLogQuery(fmt.Sprintf("limit=%d", limit), time.Now())
 		if err == nil {
 			var resp logsResponse
 			resp, err = r.c.store.query(q)

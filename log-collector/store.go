@@ -135,7 +135,9 @@ func (w *workerLog) stillGoneLocked(goneBefore time.Time) bool {
 // go in the order they were last written. A current file goes in that order too, but
 // only a gone worker's (no stream and nothing written for goneAfter), and it takes the
 // worker's directory with it: state.json points at the file. Otherwise the bound can
-// be exceeded by up to one file per worker.
+// be exceeded by up to one file per worker. A worker whose directory cannot be read is
+// left out, its files neither counted nor deleted, and named in err: the others are
+// still trimmed.
 func (s *store) trimToBudget() (deleted int, removed []string, err error) {
 	if s.maxTotalBytes <= 0 {
 		return 0, nil, nil
@@ -156,10 +158,12 @@ func (s *store) trimToBudget() (deleted int, removed []string, err error) {
 	var old []oldFile
 	sizes := map[*workerLog]map[int]int64{} // what total counts, by worker and file
 	goneBefore := s.now().Add(-goneAfter)
+	var unreadable []error // such a worker's files are neither counted nor trimmed; the others still are
 	for _, id := range ids {
 		w, err := s.existing(id)
 		if err != nil {
-			return 0, nil, err
+			unreadable = append(unreadable, err)
+			continue
 		}
 		if w == nil {
 			continue // removed by hand since it was listed
@@ -215,7 +219,7 @@ func (s *store) trimToBudget() (deleted int, removed []string, err error) {
 			removed = append(removed, f.w.id)
 		}
 	}
-	return deleted, removed, nil
+	return deleted, removed, errors.Join(unreadable...)
 }
 
 // forget drops w, whose directory trimToBudget removed, so that the next use of its
