@@ -19,7 +19,9 @@ func TestDamagedWorkerDirectoryFailsOnlyQueriesNamingIt(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	r := startCollector(t, Config{Dir: dir, MaxFileBytes: 100, MaxFiles: 10})
-	rec := func(w string, i int) string { return fmt.Sprintf(`{"worker_id":%q,"i":%d,"pad":"%s"}`, w, i, strings.Repeat("x", 20)) }
+	rec := func(w string, i int) string {
+		return fmt.Sprintf(`{"worker_id":%q,"i":%d,"pad":"%s"}`, w, i, strings.Repeat("x", 20))
+	}
 	for _, w := range []string{"w1", "w2"} {
 		a, _ := connect(t, r.ingestURL(), w, "s-"+w)
 		for i := 1; i <= 6; i++ {
