@@ -75,6 +75,25 @@ func TestDrainReasonNotUTF8StillReachesTheWorker(t *testing.T) {
 	}
 }
 
+// A drain whose query string does not parse is refused and drains nothing: the
+// reason would otherwise be dropped without a word.
+func TestDrainWithABadQueryStringDrainsNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	w1 := b.dial("w1", "m")
+	for _, q := range []string{"reason=disk%zz", "reason=disk;x=1", "reason=a&reason=b", "colour=red"} {
+		if code, out := b.post("/workers/w1/drain?"+q, ""); code != 400 || !strings.Contains(fmt.Sprint(out["error"]), "reason") && !strings.Contains(fmt.Sprint(out["error"]), "query string") {
+			t.Errorf("drain?%s: %d %v, want 400 naming the problem", q, code, out)
+		}
+	}
+	ans := b.postAsync(`{"task_id":"nd-1","task_type":"x","label":"m"}`)
+	a := w1.assignment() // still routed to: not drained
+	w1.finish(a, true, `"ok"`)
+	if got := <-ans; got.status != 200 || got.body["worker_id"] != "w1" {
+		t.Fatalf("task after refused drains: %v", got)
+	}
+}
+
 // Ids are escaped in paths as clients escape them (encodeURIComponent, Python's
 // quote(safe=""), url.PathEscape): GET /tasks/{id} and POST /workers/{id}/drain take
 // them unescaped, as /run-task and the hello took them.

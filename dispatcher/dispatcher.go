@@ -259,7 +259,7 @@ func pathParam(c echo.Context, name string) (string, error) {
 }
 
 func (d *Dispatcher) getWorkers(c echo.Context) error {
-	detail, err := parseWorkersQuery(c.QueryParams())
+	detail, err := parseWorkersQuery(c.Request().URL.RawQuery)
 	if err != nil {
 		return c.JSON(http.StatusBadRequest, errorBody{err.Error()})
 	}
@@ -276,7 +276,10 @@ func (d *Dispatcher) drainWorker(c echo.Context) error {
 	if err != nil {
 		return c.JSON(http.StatusBadRequest, errorBody{err.Error()})
 	}
-	reason := c.QueryParam("reason")
+	reason, err := parseDrainQuery(c.Request().URL.RawQuery)
+	if err != nil {
+		return c.JSON(http.StatusBadRequest, errorBody{err.Error()})
+	}
 	if reason == "" {
 		reason = "drain requested through the dispatcher's API"
 	}

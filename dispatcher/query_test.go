@@ -11,9 +11,10 @@ func TestParseWorkersQuery(t *testing.T) {
 	for raw, want := range map[string]string{
 		"": "false", "detail=true": "true", "detail=1": "true", "detail=false": "false", "detail=0": "false",
 		"detail=maybe": "must be true or false", "detail=true&detail=false": "2 times", "details=true": "unknown parameter",
+		// Not parsed in part: the bad pair would be dropped and the rest answered.
+		"detail=%zz": "query string:", "detail=true;x=1": "query string:",
 	} {
-		q, _ := url.ParseQuery(raw)
-		detail, err := parseWorkersQuery(q)
+		detail, err := parseWorkersQuery(raw)
 		got := map[bool]string{true: "true", false: "false"}[detail]
 		if err != nil {
 			got = err.Error()
@@ -35,6 +36,7 @@ func TestTaskAndWorkersQueriesOverHTTP(t *testing.T) {
 		"/workers?colour=red":      400,
 		"/workers?detail=1":        200,
 		"/workers?detail=1&detail": 400,
+		"/workers?detail=%zz":      400,
 	} {
 		if code, v := b.get(path); code != want {
 			t.Errorf("%s: %d %v, want %d", path, code, v, want)
@@ -49,16 +51,34 @@ func FuzzParseWorkersQuery(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, raw string) {
-		q, err := url.ParseQuery(raw)
+		detail, err := parseWorkersQuery(raw)
 		if err != nil {
 			return
 		}
-		detail, err := parseWorkersQuery(q)
+		q, err := url.ParseQuery(raw)
 		if err != nil {
-			return
+			t.Fatalf("accepted %q, which does not parse", raw)
 		}
 		if len(q) > 1 || len(q["detail"]) > 1 || (detail != (q.Get("detail") == "true" || q.Get("detail") == "1")) {
 			t.Fatalf("accepted %q as detail=%v", raw, detail)
+		}
+	})
+}
+
+// FuzzParseDrainQuery: no query string panics the parser; an accepted one parses and
+// names only reason, once.
+func FuzzParseDrainQuery(f *testing.F) {
+	for _, s := range []string{"", "reason=node+maintenance", "reason=%ff", "reason=%zz", "reason=a;b", "reason=a&reason=b", "x=1"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, raw string) {
+		reason, err := parseDrainQuery(raw)
+		if err != nil {
+			return
+		}
+		q, err := url.ParseQuery(raw)
+		if err != nil || len(q) > 1 || len(q["reason"]) > 1 || reason != q.Get("reason") {
+			t.Fatalf("accepted %q as reason %q", raw, reason)
 		}
 	})
 }
