@@ -96,8 +96,9 @@ func run(args []string) error {
 		return usageError{err}
 	}
 	// In Config zero means the default; on the command line it is a mistake.
-	if cfg.MaxFiles < 1 || cfg.MaxFileBytes < 1 {
-		return usageError{fmt.Errorf("--max-files (%d) and --max-file-bytes (%d) must be at least 1", cfg.MaxFiles, cfg.MaxFileBytes)}
+	if cfg.MaxFiles < 1 || cfg.MaxFileBytes < 1 || cfg.MaxActiveBatches < 1 {
+		return usageError{fmt.Errorf("--max-files (%d), --max-file-bytes (%d) and --max-active-batches (%d) must be at least 1",
+			cfg.MaxFiles, cfg.MaxFileBytes, cfg.MaxActiveBatches)}
 	}
 	if cfg.ShutdownTimeout == 0 {
 		return usageError{fmt.Errorf("--shutdown-timeout (SHUTDOWN_TIMEOUT) must be more than 0; leave it out for the default, %s", logcollector.DefaultShutdownTimeout)}
