@@ -13,6 +13,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/gorilla/websocket"
 	"github.com/rs/zerolog"
 
 	pb "github.com/smartroute/smartroute/proto/smartroutev1"
@@ -151,10 +152,14 @@ func TestIngestRefusals(t *testing.T) {
 		"batch first": {&pb.LogEnvelope{Body: &pb.LogEnvelope_Batch{Batch: &pb.LogBatch{Seq: 1}}}, pb.CloseCode_CLOSE_CODE_BAD_FRAME},
 		// Rewritten into state.json with every batch: a megabyte would cost a megabyte
 		// fsynced per batch.
-		"huge stream id": {&pb.LogEnvelope{Body: &pb.LogEnvelope_Hello{Hello: &pb.LogHello{
-			ProtocolVersion: pb.LogProtocolVersion_LOG_PROTOCOL_VERSION_CURRENT, WorkerId: "w1", StreamId: strings.Repeat("s", 1<<20)}}}, pb.CloseCode_CLOSE_CODE_BAD_FRAME},
-		"huge agent": {&pb.LogEnvelope{Body: &pb.LogEnvelope_Hello{Hello: &pb.LogHello{
-			ProtocolVersion: pb.LogProtocolVersion_LOG_PROTOCOL_VERSION_CURRENT, WorkerId: "w1", StreamId: "s", Agent: strings.Repeat("a", 1<<20)}}}, pb.CloseCode_CLOSE_CODE_BAD_FRAME},
+		"long stream id": {&pb.LogEnvelope{Body: &pb.LogEnvelope_Hello{Hello: &pb.LogHello{
+			ProtocolVersion: pb.LogProtocolVersion_LOG_PROTOCOL_VERSION_CURRENT, WorkerId: "w1", StreamId: strings.Repeat("s", maxStreamIDBytes+1)}}}, pb.CloseCode_CLOSE_CODE_BAD_FRAME},
+		"long agent": {&pb.LogEnvelope{Body: &pb.LogEnvelope_Hello{Hello: &pb.LogHello{
+			ProtocolVersion: pb.LogProtocolVersion_LOG_PROTOCOL_VERSION_CURRENT, WorkerId: "w1", StreamId: "s", Agent: strings.Repeat("a", maxAgentBytes+1)}}}, pb.CloseCode_CLOSE_CODE_BAD_FRAME},
+		// A hello is read before the stream takes a batch slot, so it is not read whole
+		// up to the batch limit: a herd of reconnecting streams would hold that each.
+		"huge hello": {&pb.LogEnvelope{Body: &pb.LogEnvelope_Hello{Hello: &pb.LogHello{
+			ProtocolVersion: pb.LogProtocolVersion_LOG_PROTOCOL_VERSION_CURRENT, WorkerId: "w1", StreamId: "s", Agent: strings.Repeat("a", 64<<10)}}}, pb.CloseCode(websocket.CloseMessageTooBig)},
 	} {
 		a, _, err := dialIngest(t, r.ingestURL(), "w1")
 		if err != nil {

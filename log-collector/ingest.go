@@ -34,9 +34,11 @@ var upgrader = websocket.Upgrader{
 }
 
 // Limits of a hello's free-form fields; agents send 16 hex digits and a short version.
+// maxHelloBytes bounds the whole hello frame, read before the stream holds a batch slot.
 const (
 	maxStreamIDBytes = 128
 	maxAgentBytes    = 256
+	maxHelloBytes    = 4 << 10
 )
 
 // Frame errors: a frame that cannot be used closes the stream with BAD_FRAME.
@@ -197,12 +199,13 @@ func (c *Collector) runStream(ic *ingestConn) {
 // serveStream runs one stream: hello, welcome, then batches until an error.
 func (c *Collector) serveStream(ic *ingestConn) error {
 	ws := ic.ws
-	ws.SetReadLimit(int64(c.cfg.MaxFrameBytes))
+	ws.SetReadLimit(maxHelloBytes) // not the batch limit: nothing bounds how many hellos are read at once
 	_ = ws.SetReadDeadline(time.Now().Add(c.cfg.HelloTimeout))
 	env, err := c.readFrame(ws)
 	if err != nil {
 		return err
 	}
+	ws.SetReadLimit(int64(c.cfg.MaxFrameBytes))
 	hello := env.GetHello()
 	switch {
 	case hello == nil:
