@@ -300,9 +300,12 @@ func (c *Collector) getLogs(ctx echo.Context) error {
 	if h := c.cfg.hooks; h != nil && h.queryBytes > 0 {
 		q.maxBytes = h.queryBytes
 	}
-	resp, err := c.store.query(q)
+	resp, err := c.store.query(ctx.Request().Context(), q)
 	if errors.Is(err, errUnknownWorker) {
 		return ctx.JSON(http.StatusNotFound, errorBody{err.Error()})
+	}
+	if err != nil && ctx.Request().Context().Err() != nil {
+		return nil // the caller is gone; nobody reads an answer
 	}
 	if err != nil {
 		return err

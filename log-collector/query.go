@@ -1,6 +1,7 @@
 package logcollector
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -181,7 +182,8 @@ type logsResponse struct {
 
 // query runs q over the store: per worker the last q.limit matches in file order;
 // across workers merged by record time.
-func (s *store) query(q logQuery) (logsResponse, error) {
+// It stops with ctx's error once ctx is done (the caller gone).
+func (s *store) query(ctx context.Context, q logQuery) (logsResponse, error) {
 	ids := []string{q.worker}
 	if q.worker == "" {
 		var err error
@@ -201,6 +203,9 @@ func (s *store) query(q logQuery) (logsResponse, error) {
 	for _, id := range ids {
 		w, err := s.existing(id)
 		if err != nil {
+			if ctx.Err() != nil {
+				return logsResponse{}, ctx.Err()
+			}
 			if q.worker == "" {
 				skip(id, err)
 				continue
@@ -215,7 +220,7 @@ func (s *store) query(q logQuery) (logsResponse, error) {
 		}
 		var recent []matchedRecord // the last matches in file order, oldest first
 		head, held := 0, 0         // recent[head:] are kept; held counts their bytes
-		err = w.scan(func(line []byte) {
+		err = w.scan(ctx, func(line []byte) {
 			t, ok := q.match(line)
 			if !ok {
 				return
@@ -232,6 +237,9 @@ func (s *store) query(q logQuery) (logsResponse, error) {
 			}
 		})
 		if err != nil {
+			if ctx.Err() != nil {
+				return logsResponse{}, ctx.Err()
+			}
 			if q.worker == "" {
 				skip(id, fmt.Errorf("read logs of worker %s: %w", id, err))
 				continue

@@ -4,6 +4,7 @@ package logcollector
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -75,7 +76,7 @@ func TestAllWorkersQueryMemoryIsBoundedByLimit(t *testing.T) {
 		q, err := parseLogQuery(fmt.Sprintf("limit=%d", limit), time.Now())
 		if err == nil {
 			var resp logsResponse
-			resp, err = r.c.store.query(q)
+			resp, err = r.c.store.query(context.Background(), q)
 			done <- result{resp, err}
 			return
 		}

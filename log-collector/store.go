@@ -3,6 +3,7 @@ package logcollector
 import (
 	"bufio"
 	"cmp"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -578,7 +579,7 @@ func syncDir(dir string) error {
 
 // scan calls fn with each acknowledged record of the worker, oldest first. Records
 // written while it runs may or may not be seen; fn must not keep line.
-func (w *workerLog) scan(fn func(line []byte)) error {
+func (w *workerLog) scan(ctx context.Context, fn func(line []byte)) error {
 	w.mu.Lock()
 	files := slices.Clone(w.files)
 	current, size := w.state.File, w.state.Size
@@ -591,9 +592,9 @@ func (w *workerLog) scan(fn func(line []byte)) error {
 		if err != nil {
 			return err
 		}
-		var r io.Reader = f
+		var r io.Reader = ctxReader{ctx, f}
 		if n == current {
-			r = io.LimitReader(f, size)
+			r = io.LimitReader(r, size)
 		}
 		err = scanLines(bufio.NewReaderSize(r, 64<<10), fn)
 		f.Close()
@@ -602,6 +603,19 @@ func (w *workerLog) scan(fn func(line []byte)) error {
 		}
 	}
 	return nil
+}
+
+// ctxReader stops reading once ctx is done: checked every read, each up to 64 KiB.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
 }
 
 func scanLines(r *bufio.Reader, fn func([]byte)) error {

@@ -1,12 +1,15 @@
 package logcollector
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -65,5 +68,26 @@ func TestDamagedWorkerDirectoryFailsOnlyQueriesNamingIt(t *testing.T) {
 	}
 	if code, body := r2.get("/logs?worker=w2"); code != 500 {
 		t.Errorf("worker=w2: %d %s, want 500", code, body)
+	}
+}
+
+// A query whose caller has gone stops reading files: over every worker it can read
+// gigabytes, and a client that timed out and retried would start another beside it.
+func TestQueryStopsWhenTheCallerIsGone(t *testing.T) {
+	t.Parallel()
+	r := startCollector(t, Config{})
+	a, _ := connect(t, r.ingestURL(), "w1", "s1")
+	a.batch(1, 0, `{"level":"info"}`)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	q, err := parseLogQuery("", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, worker := range []string{"", "w1"} {
+		q.worker = worker
+		if resp, err := r.c.store.query(ctx, q); !errors.Is(err, context.Canceled) {
+			t.Errorf("worker %q: %d records, err %v; want context.Canceled", worker, resp.Count, err)
+		}
 	}
 }
