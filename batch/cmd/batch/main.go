@@ -96,8 +96,22 @@ func run() (int, error) {
 	default:
 		return 2, fmt.Errorf("--progress must be auto, true or false, got %q", *progress)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
+	// After the first signal the job stops in order (last checkpoint); a second one
+	// ends it at once, should that stop hang on a stuck disk. The handler is let go
+	// before the job is told, so no second signal can fall between the two.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, os.Interrupt)
+	defer signal.Stop(sigs)
+	go func() {
+		select {
+		case <-sigs:
+			signal.Stop(sigs)
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	s, err := batch.Run(ctx, cfg)
 	if s.JobID != "" {
 		if *jsonOut {
