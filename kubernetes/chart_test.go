@@ -597,6 +597,17 @@ func TestChartRejectsBadValues(t *testing.T) {
 		{"comma in an extra worker token", map[string]any{"auth": map[string]any{"extraWorkerTokens": []any{"x,y"}}}, "extraWorkerTokens"},
 		// The dispatcher would refuse it at start and crash-loop.
 		{"space in an API key", map[string]any{"auth": map[string]any{"apiKeys": []any{"key 1"}}}, "apiKeys"},
+		// The dispatcher's tokens and keys files read a line starting with '#' as a
+		// comment: every worker, or every producer, would be refused.
+		{"worker token starting with #", map[string]any{"auth": map[string]any{"workerToken": "#fleet-a"}}, "workerToken"},
+		{"extra worker token starting with #", map[string]any{"auth": map[string]any{"extraWorkerTokens": []any{"#old"}}}, "extraWorkerTokens"},
+		{"API key starting with #", map[string]any{"auth": map[string]any{"apiKeys": []any{"#prodkey"}}}, "apiKeys"},
+		// Scalers the cluster would refuse.
+		{"keda min above max", map[string]any{"workers": map[string]any{"autoscaling": map[string]any{
+			"enabled": true, "type": "keda", "minReplicas": 5, "maxReplicas": 2}}}, "workers.autoscaling.minReplicas (5)"},
+		{"hpa min above max", map[string]any{"workers": map[string]any{"autoscaling": map[string]any{
+			"enabled": true, "type": "hpa", "minReplicas": 5, "maxReplicas": 2}}}, "workers.autoscaling.minReplicas (5)"},
+		{"bad PDB maxUnavailable", map[string]any{"workers": map[string]any{"podDisruptionBudget": map[string]any{"maxUnavailable": "abc"}}}, "maxUnavailable"},
 		// What --set (not --set-string) makes of nvidia.com/gpu.present=true.
 		{"boolean nodeSelector value", map[string]any{"workers": map[string]any{"nodeSelector": map[string]any{"nvidia.com/gpu.present": true}}}, "nodeSelector"},
 	} {
@@ -613,7 +624,7 @@ func TestChartRejectsBadValues(t *testing.T) {
 }
 
 // Every visible ASCII character but the comma is allowed in worker tokens (the
-// collector splits on commas), and every one in API keys.
+// collector splits on commas), and every one in API keys; '#' only past the first.
 func TestChartAcceptsPunctuationInSecrets(t *testing.T) {
 	punct := "!\"#$%&'()*+-./:;<=>?@[\\]^_`{|}~"
 	mustRender(t, map[string]any{"auth": map[string]any{"workerToken": "t" + punct,
