@@ -143,6 +143,27 @@ func Encode(buf []byte, env *pb.Envelope) ([]byte, error) {
 	return buf[:len(buf)+n], nil
 }
 
+// MaxWorkerIDBytes bounds a worker id (the Worker-Id header and the hello's).
+const MaxWorkerIDBytes = 256
+
+// CheckWorkerID says whether the dispatcher takes id as a worker's id: 1 to
+// MaxWorkerIDBytes of visible ASCII. Ids name log directories and metric series, and
+// travel in a header.
+func CheckWorkerID(id string) error {
+	if id == "" {
+		return errors.New("worker id is required")
+	}
+	if len(id) > MaxWorkerIDBytes {
+		return fmt.Errorf("worker id is %d bytes long, the limit is %d", len(id), MaxWorkerIDBytes)
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; c <= ' ' || c > '~' {
+			return fmt.Errorf("worker id may hold only visible ASCII, no spaces (byte %d is 0x%02x)", i, c)
+		}
+	}
+	return nil
+}
+
 // CheckHello validates the first frame of a connection against the Worker-Id header.
 func CheckHello(env *pb.Envelope, headerWorkerID string) (*pb.Hello, error) {
 	h := env.GetHello()

@@ -554,7 +554,9 @@ func (a *agent) connect(ctx context.Context) (*session, error) {
 	a.log.Info().Uint64("conn", s.id).Str("dispatcher_id", welcome.GetDispatcherId()).
 		Strs("held_labels", hello.GetHello().GetHeldLabels()).Bool("unavailable", hello.GetHello().GetUnavailable()).
 		Msg("connected")
-	a.metrics.sessionStarted(s)
+	if !a.metrics.sessionStarted(s) {
+		return fail(fmt.Errorf("connection ended during the handshake: %v", s.err))
+	}
 	s.wg.Add(2)
 	go s.writeLoop()
 	go a.readLoop(s)

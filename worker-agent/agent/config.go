@@ -44,6 +44,10 @@ const (
 // the same floor.
 const MinMaxFrameSize = frame.MinMaxSize
 
+// MaxCapacity bounds Slots and MaxLabels: the hello carries them as uint32, and a
+// worker with more is a typo, not a machine.
+const MaxCapacity = 1 << 16
+
 // ErrConfig is wrapped by Run's error for a config it refuses (cmd/worker-agent exits
 // 2 on it, as on a bad flag).
 var ErrConfig = errors.New("invalid config")
@@ -228,14 +232,16 @@ func (c Config) validate() error {
 	case u.Host == "":
 		errs = append(errs, fmt.Errorf("DispatcherURL %q has no host", c.DispatcherURL))
 	}
-	if strings.TrimSpace(c.WorkerID) != c.WorkerID || strings.ContainsAny(c.WorkerID, " \t\r\n") {
-		errs = append(errs, fmt.Errorf("WorkerID %q must not contain spaces", c.WorkerID))
+	// The dispatcher answers 400 to an id it cannot take, on every dial: refused here,
+	// the agent exits 2 instead of retrying for ever.
+	if err := frame.CheckWorkerID(c.WorkerID); err != nil {
+		errs = append(errs, fmt.Errorf("WorkerID %q: %w", c.WorkerID, err))
 	}
-	if c.MaxLabels < 1 {
-		errs = append(errs, fmt.Errorf("MaxLabels must be at least 1, got %d", c.MaxLabels))
+	if c.MaxLabels < 1 || c.MaxLabels > MaxCapacity {
+		errs = append(errs, fmt.Errorf("MaxLabels must be between 1 and %d, got %d", MaxCapacity, c.MaxLabels))
 	}
-	if c.Slots < 1 {
-		errs = append(errs, fmt.Errorf("Slots must be at least 1, got %d", c.Slots))
+	if c.Slots < 1 || c.Slots > MaxCapacity {
+		errs = append(errs, fmt.Errorf("Slots must be between 1 and %d, got %d", MaxCapacity, c.Slots))
 	}
 	for i, l := range c.Labels {
 		if l == "" || strings.TrimSpace(l) != l {
@@ -264,11 +270,20 @@ func (c Config) validate() error {
 		{"PingInterval", c.PingInterval}, {"ReconnectMin", c.ReconnectMin},
 		{"ReconnectMax", c.ReconnectMax}, {"BackoffResetAfter", c.BackoffResetAfter},
 		{"HealthInterval", c.HealthInterval}, {"InventoryInterval", c.InventoryInterval},
-		{"Sim.LoadTime", c.Sim.LoadTime}, {"Sim.LoadJitter", c.Sim.LoadJitter},
-		{"Sim.RunTime", c.Sim.RunTime}, {"Sim.RunJitter", c.Sim.RunJitter},
 	} {
 		if f.d < 0 {
 			errs = append(errs, fmt.Errorf("%s must not be negative, got %s", f.name, f.d))
+		}
+	}
+	for _, f := range []struct {
+		name string
+		d    time.Duration
+	}{
+		{"Sim.LoadTime", c.Sim.LoadTime}, {"Sim.LoadJitter", c.Sim.LoadJitter},
+		{"Sim.RunTime", c.Sim.RunTime}, {"Sim.RunJitter", c.Sim.RunJitter},
+	} {
+		if f.d < 0 || f.d > sim.MaxDuration {
+			errs = append(errs, fmt.Errorf("%s must be between 0 and %s, got %s", f.name, sim.MaxDuration, f.d))
 		}
 	}
 	if c.PingInterval >= c.ReadTimeout {

@@ -42,8 +42,22 @@ func TestInvalidConfigNamesTheField(t *testing.T) {
 	}{
 		{"DispatcherURL", func(c *agent.Config) { c.DispatcherURL = "http://x/worker-listen" }},
 		{"WorkerID", func(c *agent.Config) { c.WorkerID = "a b" }},
+		// Ids the dispatcher refuses (400 on every dial, retried for ever): over 256
+		// bytes, or anything but visible ASCII.
+		{"WorkerID", func(c *agent.Config) { c.WorkerID = strings.Repeat("w", 257) }},
+		{"WorkerID", func(c *agent.Config) { c.WorkerID = "wörker-1" }},
+		{"WorkerID", func(c *agent.Config) { c.WorkerID = "worker\x01" }},
+		{"WorkerID", func(c *agent.Config) { c.WorkerID = "worker\x7f" }},
 		{"MaxLabels", func(c *agent.Config) { c.MaxLabels = -1 }},
 		{"Slots", func(c *agent.Config) { c.Slots = -2 }},
+		// The hello carries them as uint32: 1<<32 slots said hello with 0.
+		{"Slots", func(c *agent.Config) { c.Slots = 1 << 32 }},
+		{"MaxLabels", func(c *agent.Config) { c.MaxLabels = 1<<32 + 2 }},
+		{"Slots", func(c *agent.Config) { c.Slots = agent.MaxCapacity + 1 }},
+		{"MaxLabels", func(c *agent.Config) { c.MaxLabels = agent.MaxCapacity + 1 }},
+		// 2*jitter+1 overflowed and the first load panicked.
+		{"Sim.LoadJitter", func(c *agent.Config) { c.Sim.LoadJitter = 1300000 * time.Hour }},
+		{"Sim.RunTime", func(c *agent.Config) { c.Sim.RunTime = 25 * time.Hour }},
 		{"BackendName", func(c *agent.Config) { c.BackendName = "tpu" }},
 		{"Triton.URL", func(c *agent.Config) { c.BackendName = "triton"; c.Triton.URL = "ftp://x" }},
 		{"Triton.LoadTimeout", func(c *agent.Config) { c.BackendName = "triton"; c.Triton.LoadTimeout = -time.Second }},

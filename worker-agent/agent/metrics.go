@@ -141,13 +141,18 @@ func (m *Metrics) tritonError(op string) {
 	}
 }
 
-// sessionStarted counts a connected agent until s ends. Call it before s's reader and
-// writer start.
-func (m *Metrics) sessionStarted(s *session) {
-	if m != nil {
-		m.connected.Inc()
-		s.onEnd = m.connected.Dec
+// sessionStarted marks s welcomed and counts a connected agent until s ends; false
+// when s ended meanwhile. Call it before s's reader and writer start.
+func (m *Metrics) sessionStarted(s *session) bool {
+	if m == nil {
+		return s.markWelcomed(nil)
 	}
+	m.connected.Inc()
+	if !s.markWelcomed(m.connected.Dec) {
+		m.connected.Dec()
+		return false
+	}
+	return true
 }
 
 // track registers a running agent for /readyz and its shipper's drops; the returned
@@ -212,7 +217,7 @@ func (a *agent) notReady() string {
 	switch {
 	case a.draining:
 		return "draining"
-	case a.cur.Load() == nil:
+	case a.cur.Load() == nil || !a.cur.Load().isWelcomed():
 		return "not connected to the dispatcher"
 	case !a.available:
 		return a.unavailableReason

@@ -259,6 +259,27 @@ func TestAgentOpsEndpoints(t *testing.T) {
 	}
 }
 
+// Connected means welcomed: a dispatcher (or a proxy before it) that took the upgrade
+// and never answers the hello gives no tasks, and /readyz said ready for the whole
+// handshake timeout, at every retry.
+func TestReadyzWaitsForTheWelcome(t *testing.T) {
+	t.Parallel()
+	m := agent.NewMetrics()
+	h := setup(t, withConfig(func(c *agent.Config) { c.Metrics = m }))
+	p := h.accept()
+	if p.read().GetHello() == nil { // the hello is out; no Welcome is sent yet
+		t.Fatal("first frame is not a hello")
+	}
+	rec := httptest.NewRecorder()
+	m.Handler(false).ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
+	if rec.Code != 503 || !strings.Contains(rec.Body.String(), "not connected") {
+		t.Fatalf("readyz %d %q before the Welcome, want 503 not connected", rec.Code, strings.TrimSpace(rec.Body.String()))
+	}
+	if got := metricValue(t, m.Registry(), "smartroute_agent_connected", nil); got != 0 {
+		t.Fatalf("smartroute_agent_connected = %v before the Welcome, want 0", got)
+	}
+}
+
 // RunMany serves the ops endpoints on MetricsAddr and refuses an address it cannot
 // listen on before starting any agent.
 func TestRunManyMetricsAddr(t *testing.T) {

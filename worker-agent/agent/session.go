@@ -59,7 +59,11 @@ type session struct {
 	// the reader starts).
 	maxFrame int
 
-	onEnd func() // set before the reader and writer start; end calls it once (metrics)
+	// welcomeMu guards welcomed and onEnd: a send that finds the queue full ends the
+	// session from another goroutine, possibly while the handshake marks it welcomed.
+	welcomeMu sync.Mutex
+	welcomed  bool   // the dispatcher's Welcome came: the agent can take tasks
+	onEnd     func() // set with welcomed; end calls it once (metrics)
 }
 
 func newSession(id uint64, conn *websocket.Conn, cfg *Config, log zerolog.Logger) *session {
@@ -124,10 +128,33 @@ func (s *session) end(err error) {
 		s.err = err
 		close(s.done)
 		_ = s.conn.Close()
-		if s.onEnd != nil {
-			s.onEnd()
+		s.welcomeMu.Lock()
+		onEnd := s.onEnd
+		s.welcomed = false
+		s.welcomeMu.Unlock()
+		if onEnd != nil {
+			onEnd()
 		}
 	})
+}
+
+// markWelcomed records the Welcome, with what end must undo; false when the session
+// ended first, and then onEnd is not kept.
+func (s *session) markWelcomed(onEnd func()) bool {
+	s.welcomeMu.Lock()
+	defer s.welcomeMu.Unlock()
+	if s.ended() {
+		return false
+	}
+	s.welcomed, s.onEnd = true, onEnd
+	return true
+}
+
+// isWelcomed says whether the session is past its handshake and not over.
+func (s *session) isWelcomed() bool {
+	s.welcomeMu.Lock()
+	defer s.welcomeMu.Unlock()
+	return s.welcomed
 }
 
 // ended reports whether the session is over.

@@ -42,13 +42,17 @@ type Config struct {
 	Sleep func(ctx context.Context, d time.Duration) error
 }
 
+// MaxDuration bounds each simulated time and jitter: far above any load or run worth
+// simulating, and far below where base ± jitter would overflow.
+const MaxDuration = 24 * time.Hour
+
 func (c Config) validate() error {
 	for _, f := range []struct {
 		name string
 		d    time.Duration
 	}{{"LoadTime", c.LoadTime}, {"LoadJitter", c.LoadJitter}, {"RunTime", c.RunTime}, {"RunJitter", c.RunJitter}} {
-		if f.d < 0 {
-			return fmt.Errorf("sim %s must not be negative, got %s", f.name, f.d)
+		if f.d < 0 || f.d > MaxDuration {
+			return fmt.Errorf("sim %s must be between 0 and %s, got %s", f.name, MaxDuration, f.d)
 		}
 	}
 	return nil

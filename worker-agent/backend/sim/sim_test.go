@@ -181,3 +181,20 @@ func TestNegativeDurationsAreRefused(t *testing.T) {
 		t.Fatalf("New = %v, want an error naming RunJitter", err)
 	}
 }
+
+// A jitter above MaxInt64/2 overflowed 2*jitter+1, and the first load panicked in
+// rand.Int64N; anything over a day is refused instead.
+func TestHugeDurationsAreRefused(t *testing.T) {
+	t.Parallel()
+	for name, cfg := range map[string]sim.Config{
+		"LoadJitter": {LoadJitter: 1300000 * time.Hour},
+		"RunTime":    {RunTime: sim.MaxDuration + 1},
+	} {
+		if _, err := sim.New(cfg); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("New(%+v) = %v, want an error naming %s", cfg, err, name)
+		}
+	}
+	if _, err := sim.New(sim.Config{LoadTime: sim.MaxDuration, LoadJitter: sim.MaxDuration}); err != nil {
+		t.Errorf("New at MaxDuration: %v", err)
+	}
+}
