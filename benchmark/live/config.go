@@ -160,6 +160,17 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// ErrConfig is matched (errors.Is) by the errors of Run, Measure and BatchCompare that
+// come from their settings, found before anything starts: bad usage, not a failed run.
+var ErrConfig = errors.New("benchmark config")
+
+// configError marks err as ErrConfig without adding to its message, which already
+// names the flag.
+type configError struct{ error }
+
+func (e configError) Is(target error) bool { return target == ErrConfig }
+func (e configError) Unwrap() error        { return e.error }
+
 // Validate checks c; each error names the flag to fix.
 func (c Config) Validate() error {
 	var errs []error

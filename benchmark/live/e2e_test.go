@@ -203,8 +203,9 @@ func TestEndToEnd(t *testing.T) {
 		pids.mu.Lock()
 		started := len(pids.pids)
 		pids.mu.Unlock()
-		if err == nil || !strings.Contains(err.Error(), "--chart") || started != 0 {
-			t.Errorf("err %v after %d processes started; want a --chart error before any", err, started)
+		// ErrConfig: the command exits 2, as for any other bad flag.
+		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "--chart") || started != 0 {
+			t.Errorf("err %v after %d processes started; want a --chart ErrConfig before any", err, started)
 		}
 	})
 

@@ -37,7 +37,7 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 	if cfg.ChartPath != "" && cfg.Compare {
 		f, err := os.Create(cfg.ChartPath)
 		if err != nil {
-			return fmt.Errorf("--chart: %w", err)
+			return configError{fmt.Errorf("--chart: %w", err)}
 		}
 		chart = f
 		defer func() {
@@ -92,7 +92,7 @@ func writeChart(f *os.File, c report.Comparison) error {
 func Measure(ctx context.Context, cfg Config) ([]report.Result, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.Validate(); err != nil {
-		return nil, err
+		return nil, configError{err}
 	}
 	bins, cleanup, err := resolveBinaries(ctx, cfg)
 	if err != nil {

@@ -130,6 +130,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 				return 130
 			}
 			fmt.Fprintf(stderr, "benchmark run: %v\n", err)
+			if errors.Is(err, live.ErrConfig) { // refused before anything started
+				return 2
+			}
 			return 1
 		}
 		return 0

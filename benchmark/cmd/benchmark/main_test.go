@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"flag"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -98,6 +99,9 @@ func TestRunCommands(t *testing.T) {
 		{[]string{"frobnicate"}, 2, "", `unknown command "frobnicate"`},
 		{[]string{"run", "--requests", "0"}, 2, "", "benchmark run: --requests must be at least 1"},
 		{[]string{"run", "-h"}, 0, "", "-time-scale"},
+		// Refused before anything starts (an empty --bin-dir would fail later with 1):
+		// bad usage.
+		{[]string{"run", "--quiet", "--bin-dir", t.TempDir(), "--compare", "--chart", filepath.Join(t.TempDir(), "missing", "x.svg")}, 2, "", "benchmark run: --chart: "},
 	}
 	for _, tt := range tests {
 		var stdout, stderr bytes.Buffer
