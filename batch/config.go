@@ -151,8 +151,10 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// validate reports every problem, each naming its field.
-func (c Config) validate() error {
+// Validate reports every problem of a config that went through WithDefaults, each
+// naming its field. Run calls it; callers may call it to refuse a job before starting
+// anything it needs.
+func (c Config) Validate() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	if u, err := url.Parse(c.DispatcherURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {

@@ -149,7 +149,7 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 		// client nor the dispatcher times them out.
 		defer cfg.HTTPClient.CloseIdleConnections()
 	}
-	if err := cfg.validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return Summary{}, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	j := &job{

@@ -507,11 +507,11 @@ func TestFreshJobRefusesExistingOutput(t *testing.T) {
 func TestConfigValidation(t *testing.T) {
 	t.Parallel()
 	cfg := Config{Input: "a", Output: "a", Order: "random", ControlAddr: "0.0.0.0:9000", Lookahead: 20, MaxOutOfOrder: 10, MaxWindowBytes: 1000, MaxLineBytes: 2000}.WithDefaults()
-	err := cfg.validate()
+	err := cfg.Validate()
 	for _, want := range []string{"four different files", "Order must be", "ControlAddr must be a loopback", "Lookahead (20) must not exceed MaxOutOfOrder (10)",
 		"MaxWindowBytes (1000) must be at least MaxLineBytes (2000)"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("validate: %v; want a message containing %q", err, want)
+			t.Errorf("Validate: %v; want a message containing %q", err, want)
 		}
 	}
 }
