@@ -39,18 +39,86 @@ type BatchResult struct {
 	OutDir          string `json:"out_dir"`
 }
 
+// Validate checks bc before anything is built or started: the fleet, the input, and
+// each order's batch job as batch.Run would check it. Each error names the flag.
+func (bc BatchCompareConfig) Validate() error {
+	errs := []error{bc.Cluster.withDefaults().Validate()}
+	if bc.Input == "" {
+		return errors.Join(append(errs, errors.New("--input is required"))...)
+	}
+	if fi, err := os.Stat(bc.Input); err != nil {
+		errs = append(errs, fmt.Errorf("--input: %w", err))
+	} else if fi.IsDir() {
+		errs = append(errs, fmt.Errorf("--input %s is a directory", bc.Input))
+	}
+	// The orders' jobs share their other settings: a problem with those is told once.
+	var job []error
+	seen := map[string]bool{}
+	for _, order := range bc.orders() {
+		// Without --out the output goes to a new temporary directory, which cannot hold
+		// the input: any other name does for the check.
+		out := bc.Input + ".out"
+		if bc.Cluster.OutDir != "" {
+			out = filepath.Join(bc.Cluster.OutDir, orderDir(order), outFile)
+		}
+		err := bc.jobConfig(order, "http://127.0.0.1", out).WithDefaults().Validate()
+		for _, e := range unjoin(err) {
+			if !seen[e.Error()] {
+				seen[e.Error()] = true
+				job = append(job, e)
+			}
+		}
+	}
+	if len(job) > 0 {
+		errs = append(errs, fmt.Errorf("batch job (--orders, --concurrency, --lookahead, --labels-at-once, --max-out-of-order): %w", errors.Join(job...)))
+	}
+	return errors.Join(errs...)
+}
+
+// unjoin is the errors errors.Join made err of, or err alone.
+func unjoin(err error) []error {
+	if err == nil {
+		return nil
+	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	return []error{err}
+}
+
+func (bc BatchCompareConfig) orders() []batch.Order {
+	if len(bc.Orders) == 0 {
+		return []batch.Order{batch.OrderLabel, batch.OrderFile}
+	}
+	return bc.Orders
+}
+
+func orderDir(order batch.Order) string { return "batch-" + string(order) }
+
+// outFile is the job's output, in its order's directory.
+const outFile = "out.jsonl"
+
+// jobConfig is the batch job of one order, against the dispatcher at url.
+func (bc BatchCompareConfig) jobConfig(order batch.Order, url, output string) batch.Config {
+	return batch.Config{
+		DispatcherURL: url,
+		Input:         bc.Input,
+		Output:        output,
+		Concurrency:   bc.Concurrency,
+		Lookahead:     bc.Lookahead,
+		MaxOutOfOrder: bc.MaxOutOfOrder,
+		LabelsAtOnce:  bc.LabelsAtOnce,
+		Order:         order,
+	}
+}
+
 // BatchCompare runs the comparison and prints it to stdout.
 func BatchCompare(ctx context.Context, bc BatchCompareConfig, stdout io.Writer) error {
+	if err := bc.Validate(); err != nil {
+		return configError{err}
+	}
 	cfg := bc.Cluster.withDefaults()
-	if err := cfg.Validate(); err != nil {
-		return err
-	}
-	if bc.Input == "" {
-		return errors.New("--input is required")
-	}
-	if len(bc.Orders) == 0 {
-		bc.Orders = []batch.Order{batch.OrderLabel, batch.OrderFile}
-	}
+	bc.Orders = bc.orders()
 	bins, cleanup, err := resolveBinaries(ctx, cfg)
 	if err != nil {
 		return err
@@ -64,7 +132,7 @@ func BatchCompare(ctx context.Context, bc BatchCompareConfig, stdout io.Writer) 
 	}
 	var results []BatchResult
 	for _, order := range bc.Orders {
-		r, err := runBatchOrder(ctx, cfg, bc, bins, order, filepath.Join(outDir, "batch-"+string(order)))
+		r, err := runBatchOrder(ctx, cfg, bc, bins, order, filepath.Join(outDir, orderDir(order)))
 		if err != nil {
 			return fmt.Errorf("%s order: %w", order, err)
 		}
@@ -92,20 +160,11 @@ func runBatchOrder(ctx context.Context, cfg Config, bc BatchCompareConfig, bins 
 		return BatchResult{}, err
 	}
 	defer cl.stop()
-	out := filepath.Join(dir, "out.jsonl")
+	out := filepath.Join(dir, outFile)
 	log.Info().Str("input", bc.Input).Msg("batch job started")
-	s, jobErr := batch.Run(ctx, batch.Config{
-		DispatcherURL: cl.baseURL,
-		Input:         bc.Input,
-		Output:        out,
-		Concurrency:   bc.Concurrency,
-		Lookahead:     bc.Lookahead,
-		MaxOutOfOrder: bc.MaxOutOfOrder,
-		LabelsAtOnce:  bc.LabelsAtOnce,
-		Order:         order,
-		Progress:      cfg.Progress,
-		Logger:        log,
-	})
+	job := bc.jobConfig(order, cl.baseURL, out)
+	job.Progress, job.Logger = cfg.Progress, log
+	s, jobErr := batch.Run(ctx, job)
 	// The agents' logs are complete only once they have exited.
 	if err := cl.stop(); err != nil {
 		log.Warn().Err(err).Msg("some processes had to be killed; their last log lines may be missing")

@@ -20,6 +20,10 @@ import (
 //
 //	go run ./batch/cmd/gen-input --lines 100000 --labels 20 --skew 1 --output in.jsonl
 //	go run ./benchmark/cmd/benchmark batch-compare --input in.jsonl
+//
+// Exit status: 0 on success, 1 when a job failed, 2 on bad usage (every flag, the
+// input and each order's job settings are checked before anything is built), 130
+// when interrupted.
 func batchCompare(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	bc := live.BatchCompareConfig{Cluster: live.DefaultConfig()}
 	// A fleet that runs a 100,000-line job in minutes on a small machine.
@@ -62,7 +66,10 @@ func batchCompare(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	if err := live.BatchCompare(ctx, bc, stdout); err != nil {
 		fmt.Fprintf(stderr, "benchmark batch-compare: %v\n", err)
-		if ctx.Err() != nil {
+		switch {
+		case errors.Is(err, live.ErrConfig): // refused before anything started
+			return 2
+		case ctx.Err() != nil:
 			return 130
 		}
 		return 1

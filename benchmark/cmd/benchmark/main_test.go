@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"flag"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -173,5 +174,44 @@ func TestParseRunBackend(t *testing.T) {
 	}
 	if _, err := parseRun([]string{"--backend", "gpu"}, env(nil), &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), "--backend") {
 		t.Fatalf("--backend gpu: err %v", err)
+	}
+}
+
+// batch-compare's own flags (--orders, --concurrency, --input) are checked before
+// anything is built or started, and refused as bad usage (2). They used to be checked
+// once a fleet ran: --orders label,bogus failed (1) only after the whole label job.
+func TestBatchCompareValidatesBeforeStarting(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	in := filepath.Join(dir, "in.jsonl")
+	if err := os.WriteFile(in, []byte(`{"label":"l","task_type":"t"}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	empty := t.TempDir() // no binaries: reaching the build/start step fails with 1
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--input", in, "--orders", "label,bogus"}, `Order must be "label" or "file", got "bogus"`},
+		{[]string{"--input", in, "--concurrency", "-1"}, "Concurrency must be positive, got -1"},
+		{[]string{"--input", in, "--lookahead", "20", "--max-out-of-order", "10"}, "Lookahead (20) must not exceed MaxOutOfOrder (10)"},
+		{[]string{"--input", filepath.Join(dir, "missing.jsonl")}, "--input: stat " + filepath.Join(dir, "missing.jsonl")},
+		{[]string{"--input", dir}, "is a directory"},
+		{nil, "--input is required"},
+		{[]string{"--input", in, "--num-workers", "0"}, "--num-workers"},
+	}
+	for _, tt := range tests {
+		var out, errb bytes.Buffer
+		args := append([]string{"batch-compare", "--quiet", "--bin-dir", empty}, tt.args...)
+		code := run(t.Context(), args, env(nil), &out, &errb)
+		if code != 2 || !strings.Contains(errb.String(), tt.want) {
+			t.Errorf("%q: exit %d, stderr %q; want exit 2 naming %q", tt.args, code, errb.String(), tt.want)
+		}
+	}
+	// A problem shared by both orders is told once.
+	var errb bytes.Buffer
+	run(t.Context(), []string{"batch-compare", "--quiet", "--bin-dir", empty, "--input", in, "--concurrency", "-1"}, env(nil), &bytes.Buffer{}, &errb)
+	if n := strings.Count(errb.String(), "Concurrency"); n != 1 {
+		t.Errorf("stderr names Concurrency %d times, want once: %q", n, errb.String())
 	}
 }
