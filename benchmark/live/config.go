@@ -1,6 +1,7 @@
 package live
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -217,6 +218,10 @@ func (c Config) Validate() error {
 			bad("--task-types must not hold an empty name, got %q", strings.Join(c.TaskTypes, ","))
 			break
 		}
+	}
+	// The dispatcher refuses every task whose parameters_json holds no JSON document.
+	if c.Parameters != "" && !json.Valid([]byte(c.Parameters)) {
+		bad("--parameters must be JSON, got %q", c.Parameters)
 	}
 	if c.LogLevel != "" {
 		if _, err := zerolog.ParseLevel(c.LogLevel); err != nil {

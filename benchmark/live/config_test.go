@@ -39,6 +39,7 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		{func(c *Config) { c.SyncShare = math.NaN() }, "--sync-share"},
 		{func(c *Config) { c.TimeScale = 0 }, "--time-scale"},
 		{func(c *Config) { c.TimeScale = math.Inf(1) }, "--time-scale"},
+		{func(c *Config) { c.Parameters = "notjson" }, `--parameters must be JSON, got "notjson"`},
 		{func(c *Config) { c.Backend = "gpu" }, "--backend"},
 		{func(c *Config) { c.TaskTypes = []string{"a", ""} }, "--task-types"},
 		{func(c *Config) { c.LogLevel = "loud" }, "--log-level"},

@@ -75,6 +75,8 @@ func TestParseRunErrors(t *testing.T) {
 		{nil, map[string]string{"RANDOM_DISPATCH": "maybe"}, "RANDOM_DISPATCH"},
 		{nil, map[string]string{"NUM_WORKERS": "0"}, "--num-workers (NUM_WORKERS)"},
 		{[]string{"--requests", "ten"}, nil, "-requests"},
+		// Every request would be refused (400): the stack must not even start.
+		{[]string{"--parameters", "notjson"}, nil, `--parameters must be JSON, got "notjson"`},
 	}
 	for _, tt := range tests {
 		_, err := parseRun(tt.args, env(tt.env), &bytes.Buffer{})
