@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/smartroute/smartroute/benchmark/report"
 )
@@ -206,6 +207,23 @@ func TestEndToEnd(t *testing.T) {
 		// ErrConfig: the command exits 2, as for any other bad flag.
 		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "--chart") || started != 0 {
 			t.Errorf("err %v after %d processes started; want a --chart ErrConfig before any", err, started)
+		}
+	})
+
+	t.Run("a run in which no task completed fails after printing its summary", func(t *testing.T) {
+		t.Parallel()
+		pids := &pidLog{}
+		cfg := e2eConfig(t, binDir, pids)
+		cfg.Requests = 4
+		cfg.RequestTimeout = time.Nanosecond // every request fails before it is answered
+		var stdout bytes.Buffer
+		err := Run(t.Context(), cfg, &stdout)
+		pids.assertAllGone(t, 2+cfg.NumWorkers)
+		if err == nil || !strings.Contains(err.Error(), "routing: no task completed: all 4 requests failed") || errors.Is(err, ErrConfig) {
+			t.Errorf("err = %v; want a run error saying no task completed", err)
+		}
+		if !strings.Contains(stdout.String(), "Producer Log Summary") {
+			t.Errorf("no summary printed:\n%s", stdout.String())
 		}
 	})
 

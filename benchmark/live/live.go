@@ -30,6 +30,7 @@ const (
 
 // Run is `benchmark run`: it measures one mode, or both with cfg.Compare, and writes
 // the report to stdout (text, or JSON with cfg.JSON) and the chart to cfg.ChartPath.
+// A mode in which no task completed is an error, returned after the report.
 func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 	// Open the chart's file before measuring: a path that cannot be written must not
 	// throw away minutes of measurement.
@@ -51,11 +52,13 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// Reported after the results, whose summary shows what failed.
+	failed := noTaskCompleted(results)
 	if !cfg.Compare {
 		if cfg.JSON {
-			return report.WriteJSON(stdout, results[0])
+			return errors.Join(report.WriteJSON(stdout, results[0]), failed)
 		}
-		return report.WriteText(stdout, results[0])
+		return errors.Join(report.WriteText(stdout, results[0]), failed)
 	}
 	c := report.Comparison{Routing: results[0], Random: results[1]}
 	// The results first: a chart that fails to write must not take them with it.
@@ -69,11 +72,23 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 		f := chart
 		chart = nil
 		if err := writeChart(f, c); err != nil {
-			return errors.Join(outErr, err)
+			return errors.Join(outErr, err, failed)
 		}
 		cfg.Logger.Info().Str("path", cfg.ChartPath).Msg("chart written")
 	}
-	return outErr
+	return errors.Join(outErr, failed)
+}
+
+// noTaskCompleted fails a run in which some mode completed no task at all (every
+// request failed): it measured nothing, however complete its summary looks.
+func noTaskCompleted(results []report.Result) error {
+	var errs []error
+	for _, r := range results {
+		if r.Producer.Completed == 0 {
+			errs = append(errs, fmt.Errorf("%s: no task completed: all %d requests failed (records in %s)", r.Mode, r.Producer.Requests, r.OutDir))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func writeChart(f *os.File, c report.Comparison) error {

@@ -64,7 +64,8 @@
 //	--quiet               no log lines on stderr
 //
 // Durations (D) take Go's form: 400ms, 1.5s, 2m. Exit status: 0 on success, 1 when
-// the run failed, 2 on bad usage, 130 when interrupted.
+// the run failed or no task completed in it (the summary is still printed), 2 on bad
+// usage (refused before anything starts), 130 when interrupted.
 package main
 
 import (
