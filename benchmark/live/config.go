@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/smartroute/smartroute/benchmark/producer"
 )
 
 // Config is one `benchmark run`. DefaultConfig holds the seed's defaults; fields whose
@@ -207,6 +209,21 @@ func (c Config) Validate() error {
 	}
 	if !(c.TimeScale > 0) || math.IsInf(c.TimeScale, 0) {
 		bad("--time-scale must be a positive number, got %v", c.TimeScale)
+	} else {
+		// The scale multiplies the workload's durations: each must still fit a Duration.
+		for _, d := range []struct {
+			flag string
+			d    time.Duration
+		}{
+			{"--wait-avg", c.WaitAvg}, {"--wait-stddev", c.WaitStddev}, {"the least pause", producer.MinWait},
+			{"--sim-load-time", c.SimLoadTime}, {"--sim-load-jitter", c.SimLoadJitter},
+			{"--sim-run-time", c.SimRunTime}, {"--sim-run-jitter", c.SimRunJitter},
+		} {
+			if math.Abs(float64(d.d)*c.TimeScale) >= math.MaxInt64 {
+				bad("--time-scale %v makes %s (%v) too long for a duration", c.TimeScale, d.flag, d.d)
+				break
+			}
+		}
 	}
 	switch c.Backend {
 	case "", BackendSim, BackendTriton:

@@ -74,6 +74,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/signal"
 	"strconv"
@@ -207,8 +208,13 @@ func parseRun(args []string, getenv func(string) string, stderr io.Writer) (live
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	cfg.WaitAvg = seconds(*waitAvg)
-	cfg.WaitStddev = seconds(*waitStddev)
+	var err error
+	if cfg.WaitAvg, err = seconds("--wait-avg", *waitAvg); err != nil {
+		return cfg, err
+	}
+	if cfg.WaitStddev, err = seconds("--wait-stddev", *waitStddev); err != nil {
+		return cfg, err
+	}
 	if *taskTypes != "" {
 		cfg.TaskTypes = strings.Split(*taskTypes, ",")
 	}
@@ -264,7 +270,16 @@ func scenarioArg(args []string) string {
 	return last
 }
 
-func seconds(v float64) time.Duration { return time.Duration(v * float64(time.Second)) }
+// seconds converts a flag's seconds to a Duration. NaN, the infinities and more seconds
+// than a Duration holds are refused: converted, they wrap around to nonsense.
+func seconds(flag string, v float64) (time.Duration, error) {
+	ns := v * float64(time.Second)
+	if math.IsNaN(ns) || math.Abs(ns) >= math.MaxInt64 {
+		return 0, fmt.Errorf("%s must be a number of seconds a duration can hold (at most %d), got %v",
+			flag, math.MaxInt64/int64(time.Second), v)
+	}
+	return time.Duration(ns), nil
+}
 
 func isTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)

@@ -90,6 +90,31 @@ func TestParseRunErrors(t *testing.T) {
 	}
 }
 
+// Seconds a Duration cannot hold are refused naming the flag and the value given; they
+// used to wrap around and be reported as a negative pause.
+func TestParseRunSecondsOutOfRange(t *testing.T) {
+	t.Parallel()
+	tests := []struct{ flag, value, want string }{
+		{"--wait-avg", "1e300", "--wait-avg must be a number of seconds a duration can hold (at most 9223372036), got 1e+300"},
+		{"--wait-avg", "NaN", "--wait-avg must be a number of seconds a duration can hold (at most 9223372036), got NaN"},
+		{"--wait-avg", "+Inf", "got +Inf"},
+		{"--wait-stddev", "-Inf", "--wait-stddev must be a number of seconds a duration can hold (at most 9223372036), got -Inf"},
+		{"--wait-stddev", "9.3e9", "--wait-stddev must be a number of seconds a duration can hold (at most 9223372036), got 9.3e+09"},
+		// The scale multiplies every duration: the scaled ones must fit too.
+		{"--time-scale", "1e300", "--time-scale 1e+300 makes"},
+	}
+	for _, tt := range tests {
+		_, err := parseRun([]string{tt.flag, tt.value}, env(nil), &bytes.Buffer{})
+		if err == nil || !strings.Contains(err.Error(), tt.want) || strings.Contains(err.Error(), "negative") {
+			t.Errorf("%s %s: err = %v, want one containing %q", tt.flag, tt.value, err, tt.want)
+		}
+	}
+	// The largest whole number of seconds a duration holds is still taken.
+	if cfg, err := parseRun([]string{"--wait-avg", "9223372036"}, env(nil), &bytes.Buffer{}); err != nil || cfg.WaitAvg != 9223372036*time.Second {
+		t.Errorf("--wait-avg 9223372036: %v, %v", cfg.WaitAvg, err)
+	}
+}
+
 func TestRunCommands(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
