@@ -132,9 +132,10 @@ func (c Config) validate() error {
 type FailReason int
 
 const (
-	// FailDeadline: the task's deadline passed while it was queued.
+	// FailDeadline: the task's deadline passed while it was queued, or before its last
+	// attempt was lost or refused.
 	FailDeadline FailReason = iota + 1
-	// FailAttempts: the task's workers were lost MaxAttempts times.
+	// FailAttempts: the task's workers were lost, or refused it, MaxAttempts times.
 	FailAttempts
 	// FailLoad: the task's label failed to load on the last worker it was allowed,
 	// and it had used up MaxAttempts.
@@ -151,7 +152,7 @@ func (r FailReason) String() string {
 	case FailDeadline:
 		return "deadline exceeded while queued"
 	case FailAttempts:
-		return "worker lost too many times"
+		return "workers lost or refused the task too many times"
 	case FailLoad:
 		return "label failed to load on every worker tried"
 	case FailLabelFailing:
@@ -293,6 +294,18 @@ func (s *Scheduler) expireDue() {
 	}
 }
 
+// failSpent fails a task that was lost or refused on its last attempt: as late when
+// its deadline has passed (the producer ran out of time, whatever else happened), else
+// as out of attempts.
+func (s *Scheduler) failSpent(t *Task) {
+	t.state = stateDone
+	reason := FailAttempts
+	if !t.Deadline.IsZero() && !t.Deadline.After(s.now) {
+		reason = FailDeadline
+	}
+	s.out.Failed = append(s.out.Failed, Failure{Task: t, Reason: reason})
+}
+
 // WorkerSpec describes a worker as its hello announced it.
 type WorkerSpec struct {
 	ID string
@@ -361,8 +374,7 @@ func (s *Scheduler) RemoveWorker(id string) (*Outcome, error) {
 		t := lost[i]
 		t.worker = nil
 		if t.Attempt >= s.cfg.MaxAttempts {
-			t.state = stateDone
-			out.Failed = append(out.Failed, Failure{Task: t, Reason: FailAttempts})
+			s.failSpent(t)
 			continue
 		}
 		s.enqueue(t, true)
@@ -626,8 +638,7 @@ func (s *Scheduler) Requeue(workerID string, t *Task) (*Outcome, error) {
 	}
 	s.takeBack(w, i, t, true)
 	if t.Attempt >= s.cfg.MaxAttempts {
-		t.state = stateDone
-		out.Failed = append(out.Failed, Failure{Task: t, Reason: FailAttempts})
+		s.failSpent(t)
 		return out, nil
 	}
 	s.enqueue(t, true)

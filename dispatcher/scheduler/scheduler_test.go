@@ -987,3 +987,30 @@ func TestOneClockReadingPerCall(t *testing.T) {
 	once("Expire", func() { s.Expire() })
 	once("Rebalance", func() { s.Rebalance() })
 }
+
+// A task out of attempts whose deadline has passed fails as late (504), not as lost:
+// its producer is told it ran out of time, which it did, whichever came first.
+func TestLastAttemptPastItsDeadlineFailsAsLate(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"lost", "refused"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, Config{MaxAttempts: 1})
+			b.worker("w1", 1, 1, "a")
+			task := b.task("a")
+			task.Deadline = b.clock.now.Add(time.Second)
+			one(t, b.submit(task))
+			b.clock.advance(2 * time.Second) // the deadline passes while it runs
+			var out *Outcome
+			var err error
+			if how == "lost" {
+				out, err = b.s.RemoveWorker("w1")
+			} else {
+				out, err = b.s.Requeue("w1", task)
+			}
+			if err != nil || len(out.Failed) != 1 || out.Failed[0].Reason != FailDeadline {
+				t.Fatalf("%s on its last attempt after its deadline: %+v %v, want FailDeadline", how, out, err)
+			}
+		})
+	}
+}
