@@ -77,7 +77,18 @@ func (s *Scheduler) LoadFailed(workerID string, t *Task, loadError string) (*Out
 		s.fill(w)
 		return out, nil
 	}
+	// Failed on every connected worker that could take it: nowhere left to go, so the
+	// load error now, unless the fleet is still changing (then the sweep decides).
+	if !s.anyWorkerMayTake(t) && s.now.Sub(s.fleetChanged) >= s.cfg.FleetSettle {
+		t.state = stateDone
+		out.Failed = append(out.Failed, Failure{Task: t, Reason: FailLoad, LoadError: loadError})
+		s.fill(w)
+		return out, nil
+	}
 	s.enqueue(t, true)
+	// The workers it may still go to can leave: the sweep looks at it again then.
+	s.noteExcluded(t, loadError)
+	s.sweepUnloadable = true
 	s.expireDue() // its deadline may have passed during the failed load
 	if t.state == stateQueued {
 		s.place(t)
@@ -85,6 +96,55 @@ func (s *Scheduler) LoadFailed(workerID string, t *Task, loadError string) (*Out
 	s.fill(w)
 	s.offerFree()
 	return out, nil
+}
+
+// excludedTask is a task requeued after a failed load, with the load's error.
+type excludedTask struct {
+	t         *Task
+	loadError string
+}
+
+// noteExcluded adds t to excludedQueued, or updates its entry with the newer error.
+func (s *Scheduler) noteExcluded(t *Task, loadError string) {
+	for i := range s.excludedQueued {
+		if s.excludedQueued[i].t == t {
+			s.excludedQueued[i].loadError = loadError
+			return
+		}
+	}
+	s.excludedQueued = append(s.excludedQueued, excludedTask{t, loadError})
+}
+
+// anyWorkerMayTake says whether a connected worker t is not excluded from holds or can
+// load t's label, whether or not it is free now. Walks every worker: only for tasks
+// whose label failed to load somewhere.
+func (s *Scheduler) anyWorkerMayTake(t *Task) bool {
+	for _, w := range s.workers {
+		if !t.excludes(w.id) && (w.find(t.Label) >= 0 || w.canLoad(t.Label)) {
+			return true
+		}
+	}
+	return false
+}
+
+// failExcluded fails the queued tasks that failed to load on every connected worker
+// that could take them, with their last load error, and forgets the entries of tasks
+// no longer queued.
+func (s *Scheduler) failExcluded() {
+	keep := s.excludedQueued[:0]
+	for _, e := range s.excludedQueued {
+		switch {
+		case e.t.state != stateQueued: // assigned or finished since
+		case s.anyWorkerMayTake(e.t):
+			keep = append(keep, e)
+		default:
+			s.unqueue(e.t)
+			e.t.state = stateDone
+			s.out.Failed = append(s.out.Failed, Failure{Task: e.t, Reason: FailLoad, LoadError: e.loadError})
+		}
+	}
+	clear(s.excludedQueued[len(keep):])
+	s.excludedQueued = keep
 }
 
 // recordLoadFailure counts a failure and reports whether it marks the label failing.

@@ -247,3 +247,64 @@ func TestLabelFailuresPruned(t *testing.T) {
 		t.Fatal("old failure record kept")
 	}
 }
+
+// A task whose label failed to load on every connected worker, with attempts left,
+// can go nowhere: it fails at once with the load error (502), or, while the fleet is
+// still changing, once it has settled, unless a worker that may take it came. It
+// waited for its deadline and ended in a 504.
+func TestTaskExcludedFromEveryWorkerFailsWithTheLoadError(t *testing.T) {
+	t.Parallel()
+	fail := func(b *bundle, tk *Task, reason string) []Failure {
+		b.t.Helper()
+		_, fs := b.loadFailed(tk, reason)
+		return fs
+	}
+	t.Run("settled fleet", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, Config{LabelFailureThreshold: 10})
+		b.worker("w1", 2, 1)
+		b.worker("w2", 2, 1)
+		b.clock.advance(time.Minute)
+		tk := b.task("L")
+		one(t, b.submit(tk))
+		if fs := fail(b, tk, "weights corrupt on first"); len(fs) != 0 || !tk.Running() {
+			t.Fatalf("first failure: %+v, running %v; want the task on the other worker", fs, tk.Running())
+		}
+		fs := fail(b, tk, "weights corrupt on second")
+		if len(fs) != 1 || fs[0].Task != tk || fs[0].Reason != FailLoad || fs[0].LoadError != "weights corrupt on second" {
+			t.Fatalf("failed on both workers (attempt 2 of 3): %+v, want FailLoad with the last error", fs)
+		}
+	})
+	t.Run("changing fleet", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, Config{LabelFailureThreshold: 10})
+		b.worker("w1", 2, 1)
+		b.worker("w2", 2, 1)
+		tk := b.task("L")
+		one(t, b.submit(tk))
+		fail(b, tk, "first")
+		if fs := fail(b, tk, "second"); len(fs) != 0 || !tk.Queued() {
+			t.Fatalf("within FleetSettle of a worker joining: %+v, want the task to wait", fs)
+		}
+		b.clock.advance(31 * time.Second)
+		out := b.s.Rebalance()
+		if len(out.Failed) != 1 || out.Failed[0].Task != tk || out.Failed[0].Reason != FailLoad || out.Failed[0].LoadError != "second" {
+			t.Fatalf("after FleetSettle: %+v, want FailLoad with the last error", out.Failed)
+		}
+	})
+	t.Run("a worker comes", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, Config{LabelFailureThreshold: 10})
+		b.worker("w1", 2, 1)
+		tk := b.task("L")
+		one(t, b.submit(tk))
+		fail(b, tk, "first")
+		if a := one(t, b.worker("w2", 2, 1)); a.Task != tk {
+			t.Fatalf("w2 took %s", a.Task.ID)
+		}
+		b.clock.advance(31 * time.Second)
+		if out := b.s.Rebalance(); len(out.Failed) != 0 || !tk.Running() {
+			t.Fatalf("running on a new worker: %+v, want it left alone", out.Failed)
+		}
+	})
+}

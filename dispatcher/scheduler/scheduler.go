@@ -237,6 +237,10 @@ type Scheduler struct {
 	// (queued while the fleet was changing, or left so by a worker leaving or its
 	// backend's list shrinking). Rebalance fails them once the fleet has settled.
 	sweepUnloadable bool
+	// excludedQueued are tasks requeued after a failed load. The sweep fails those that
+	// failed on every connected worker that could take them (FailLoad); entries of tasks
+	// no longer queued are dropped then.
+	excludedQueued []excludedTask
 
 	// Recycled records: labels come and go with every load on a large label set, and
 	// reusing their records keeps the load path free of allocations.
@@ -1201,8 +1205,9 @@ func (s *Scheduler) Rebalance() *Outcome {
 	return out
 }
 
-// failUnloadable fails the queued tasks whose label no connected worker can load, once
-// the fleet has settled: Submit lets them wait while workers come and go, and without
+// failUnloadable fails the queued tasks whose label no connected worker can load, and
+// those that failed to load on every one that could (failExcluded), once the fleet has
+// settled: Submit lets them wait while workers come and go, and without
 // this they would wait out their deadline (five minutes by default) for a worker that
 // is not coming, to end in a 504 rather than the 503 a later submission gets at once.
 // It walks every label's state, but only once after a change that may leave tasks so.
@@ -1211,6 +1216,7 @@ func (s *Scheduler) failUnloadable() {
 		return
 	}
 	s.sweepUnloadable = false
+	s.failExcluded()
 	if s.anyLabel > 0 {
 		return
 	}
