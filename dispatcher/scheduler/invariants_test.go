@@ -57,6 +57,9 @@ func check(t *testing.T, s *Scheduler) {
 		if len(inUse) != 0 {
 			t.Fatalf("worker %s runs tasks for labels it does not hold: %v", w.id, inUse)
 		}
+		if r := w.reservedFor; r != nil && (r.state != stateQueued || r.reservedOn != w || !w.accepting) {
+			t.Fatalf("worker %s reserved for task %s (state %d, reserved on %p, accepting %v)", w.id, r.ID, r.state, r.reservedOn, w.accepting)
+		}
 	}
 	holders, active := map[string]int{}, map[string]int{}
 	for _, w := range s.workers {
@@ -77,6 +80,9 @@ func check(t *testing.T, s *Scheduler) {
 		}
 		if q.labelState != s.labels[q.Label] {
 			t.Fatalf("queued task %s: its labelState is not its label's", q.ID)
+		}
+		if w := q.reservedOn; w != nil && (w.reservedFor != q || s.workers[w.id] != w) {
+			t.Fatalf("queued task %s: reserved on %s, which is not reserved for it", q.ID, w.id)
 		}
 	}
 	if n != s.queued {
@@ -125,9 +131,16 @@ func check(t *testing.T, s *Scheduler) {
 }
 
 func TestRandomOperationsKeepIndexesTrue(t *testing.T) {
-	for _, pol := range []Policy{PolicyAffinity, PolicyRandom} {
+	// The last variant's pass-over bound is short enough that workers free labels for aged tasks.
+	for _, v := range []struct {
+		pol           Policy
+		passOver      time.Duration
+		passOverLoads float64
+	}{{PolicyAffinity, 0, 0}, {PolicyRandom, 0, 0}, {PolicyAffinity, 300 * time.Millisecond, 0.5}} {
+		pol := v.pol
 		for seed := uint64(0); seed < 300; seed++ {
-			b := setup(t, Config{Policy: pol, Seed: seed, MaxAttempts: 2, FleetSettle: time.Second}) // short: the sweep of unloadable queued tasks runs too
+			b := setup(t, Config{Policy: pol, Seed: seed, MaxAttempts: 2, FleetSettle: time.Second, // short: the sweep of unloadable queued tasks runs too
+				MaxPassOver: v.passOver, PassOverLoads: v.passOverLoads})
 			r := rand.New(rand.NewPCG(seed, 7))
 			var tasks []*Task
 			for step := 0; step < 400; step++ {
@@ -211,7 +224,7 @@ func TestRandomOperationsKeepIndexesTrue(t *testing.T) {
 
 // liveHead: after Rebalance, the head of the queue is not left waiting when a free
 // worker can take it and it has no one else to wait for (no active holder, overdue, or
-// passed over too long).
+// passed over too long). A worker freeing a label for an aged task does not take it.
 func liveHead(t *testing.T, s *Scheduler) {
 	t.Helper()
 	head := s.queue.head
@@ -223,7 +236,7 @@ func liveHead(t *testing.T, s *Scheduler) {
 		return
 	}
 	for i := 0; i < s.free.len(); i++ {
-		if s.canTake(s.free.at(i), head) {
+		if w := s.free.at(i); w.takes(head) && s.canTake(w, head) {
 			t.Fatalf("head %s (label %s, active holders %d) waits while free worker %s could take it",
 				head.ID, head.Label, ls.active, s.free.at(i).id)
 		}

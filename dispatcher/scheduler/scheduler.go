@@ -460,6 +460,9 @@ func (s *Scheduler) setAccepting(w *worker, accepting bool) {
 		}
 	}
 	w.accepting = accepting
+	if !accepting {
+		unreserve(w) // another worker may free a slot for the task instead
+	}
 	s.refreshFree(w)
 }
 
@@ -808,7 +811,7 @@ func (s *Scheduler) place(t *Task) bool {
 		}
 	}
 	if ls != nil && ls.idle.len() > 0 {
-		if w := ls.idle.last(); !t.excludes(w.id) {
+		if w := ls.idle.last(); !t.excludes(w.id) && w.takes(t) {
 			if h := w.heldOf(ls); s.loadedEnough(h) {
 				s.assign(w, h, t)
 				return true
@@ -820,7 +823,7 @@ func (s *Scheduler) place(t *Task) bool {
 		var loadingOn *worker
 		for i := 0; i < ls.idle.len() && i < placeTries; i++ {
 			w := ls.idle.at(i)
-			if t.excludes(w.id) {
+			if t.excludes(w.id) || !w.takes(t) {
 				continue
 			}
 			h := w.heldOf(ls)
@@ -1064,11 +1067,45 @@ func (s *Scheduler) canTake(w *worker, t *Task) bool {
 	return w.canLoad(t.Label) && (len(w.held) < w.capacity || s.lruVictim(w) >= 0)
 }
 
+// mayLoad reports whether w could run t once it has a free slot and an idle label to
+// evict: t's label is loadable there and has not failed there.
+func mayLoad(w *worker, t *Task) bool {
+	return !t.excludes(w.id) && w.canLoad(t.Label)
+}
+
+// reserve makes w free a slot and a label for t, which it cannot take yet: it takes no
+// more tasks of one label it holds, so that label's running tasks end, it can be
+// evicted, and t loads there. Its other labels keep serving their queues (they are in
+// use anyway, so they do not delay it). The label is the one t's label is doomed as on
+// w (it must go first), else the one with the fewest running tasks, the soonest idle.
+func (s *Scheduler) reserve(w *worker, t *Task) {
+	var freeing *heldLabel
+	for _, h := range w.held {
+		if h.label == t.Label {
+			freeing = h
+			break
+		}
+		if freeing == nil || h.inUse < freeing.inUse || (h.inUse == freeing.inUse && s.costOf(h).less(s.costOf(freeing))) {
+			freeing = h
+		}
+	}
+	w.reservedFor, t.reservedOn = t, w
+	w.freeing = freeing.label
+}
+
+// unreserve lets w take any task again: its task left the queue, w cannot load it any
+// more, or w stopped accepting.
+func unreserve(w *worker) {
+	if t := w.reservedFor; t != nil {
+		t.reservedOn, w.reservedFor, w.freeing = nil, nil, ""
+	}
+}
+
 // loadTarget picks a free worker to load t's label on: one with room first; otherwise
 // among a few free workers the one whose eviction loses least (see evictionCost).
 func (s *Scheduler) loadTarget(t *Task) *worker {
 	for i, n := s.roomy.len()-1, 0; i >= 0 && n < placeTries; i, n = i-1, n+1 {
-		if w := s.roomy.at(i); s.canTake(w, t) {
+		if w := s.roomy.at(i); w.reservedFor == nil && s.canTake(w, t) {
 			return w
 		}
 	}
@@ -1076,7 +1113,7 @@ func (s *Scheduler) loadTarget(t *Task) *worker {
 	var bestCost evictionCost
 	for i, n := s.free.len()-1, 0; i >= 0 && n < placeTries; i, n = i-1, n+1 {
 		w := s.free.at(i)
-		if t.excludes(w.id) {
+		if t.excludes(w.id) || w.reservedFor != nil { // its next idle label is taken
 			continue
 		}
 		if j := w.find(t.Label); j >= 0 {
@@ -1252,6 +1289,14 @@ func (s *Scheduler) pick(w *worker) *Task {
 	if head == nil {
 		return nil
 	}
+	if r := w.reservedFor; r != nil {
+		if s.canTake(w, r) {
+			return r
+		}
+		if !mayLoad(w, r) { // its backend no longer lists the label
+			unreserve(w)
+		}
+	}
 	if s.cfg.Policy == PolicyRandom {
 		if s.canTake(w, head) {
 			return head
@@ -1262,14 +1307,22 @@ func (s *Scheduler) pick(w *worker) *Task {
 	// this worker may be unable to take (its backend cannot load it, or it failed here).
 	n := 0
 	for t := head; t != nil && n < passOverScan; t, n = t.global.next, n+1 {
-		if s.passedOverTooLong(t) && s.canTake(w, t) {
+		if !s.passedOverTooLong(t) {
+			continue
+		}
+		if w.takes(t) && s.canTake(w, t) {
 			return t
+		}
+		// Its labels all in use, w could load t once one is not: it frees one for t,
+		// unless another worker does (one is enough; the fleet keeps serving).
+		if w.reservedFor == nil && t.reservedOn == nil && mayLoad(w, t) {
+			s.reserve(w, t)
 		}
 	}
 	// The oldest task for a label this worker holds.
 	var best *Task
 	for _, h := range w.held {
-		if h.doomed {
+		if h.doomed || h.label == w.freeing {
 			continue
 		}
 		if c := firstFor(&h.state.queue, w); c != nil && (best == nil || c.seq < best.seq) &&
@@ -1291,7 +1344,7 @@ func (s *Scheduler) pick(w *worker) *Task {
 			continue
 		}
 		n++
-		if !s.canTake(w, t) {
+		if !w.takes(t) || !s.canTake(w, t) {
 			continue
 		}
 		if ls.active == 0 || s.loadBeatsWait(t.Label, ls, ls.queued-1) || s.overdue(t) {
@@ -1323,6 +1376,9 @@ func (s *Scheduler) enqueue(t *Task, front bool) {
 }
 
 func (s *Scheduler) unqueue(t *Task) {
+	if t.reservedOn != nil {
+		unreserve(t.reservedOn)
+	}
 	ls := t.labelState
 	s.queue.remove(t)
 	ls.queue.remove(t)

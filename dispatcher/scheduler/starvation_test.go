@@ -1,0 +1,90 @@
+package scheduler
+
+import (
+	"testing"
+	"time"
+)
+
+// Rule 4's bound on a worker with more slots than labels: once every label it holds
+// is in use it cannot take a task for another label (a label in use is never
+// evicted), and while its labels' tasks keep coming they stay in use. A task past its
+// bound must not be overtaken there for ever: the worker takes no new task of one of
+// its labels until that label can be evicted for the aged task.
+func TestAgedTaskNotOvertakenOnMultiSlotWorker(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{}) // bound: max(2 s, 100 × 400 ms) = 40 s
+	b.worker("w1", 1, 2, "a")
+	first, second := b.task("a"), b.task("a")
+	one(t, b.submit(first))
+	one(t, b.submit(second))
+	aged := b.task("b")
+	none(t, b.submit(aged)) // w1's only label is in use
+	queuedA := b.task("a")
+	none(t, b.submit(queuedA)) // no free slot
+	b.clock.advance(time.Minute)
+
+	// The freed slot goes neither to the older "a" task in the queue nor to a new one.
+	none(t, b.complete(first, false))
+	none(t, b.submit(b.task("a")))
+	// With its last "a" task done, w1 evicts a and loads b for the aged task.
+	a := one(t, b.complete(second, false))
+	if a.Task != aged || !a.Load || a.EvictLabel != "a" {
+		t.Fatalf("took %s (load %v, evicting %q), want the aged %s loading b evicting a",
+			a.Task.ID, a.Load, a.EvictLabel, aged.ID)
+	}
+	check(t, b.s)
+}
+
+// One worker frees a label for an aged task, not every worker that could load it: the
+// others go on serving their labels.
+func TestOneWorkerFreesALabelForAnAgedTask(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	b.worker("w1", 1, 2, "a")
+	b.worker("w2", 1, 2, "a")
+	on := map[string][]*Task{}
+	for i := 0; i < 4; i++ {
+		r := b.task("a")
+		one(t, b.submit(r))
+		on[r.WorkerID()] = append(on[r.WorkerID()], r)
+	}
+	aged := b.task("b")
+	none(t, b.submit(aged))
+	b.clock.advance(time.Minute)
+	none(t, b.complete(on["w1"][0], false)) // w1 frees its label for the aged task
+	next := b.task("a")
+	none(t, b.submit(next)) // not to w1's free slot
+	if a := one(t, b.complete(on["w2"][0], false)); a.Task != next {
+		t.Fatalf("w2 took %s, want %s: it need not free its label too", a.Task.ID, next.ID)
+	}
+	if a := one(t, b.complete(on["w1"][1], false)); a.Task != aged || a.EvictLabel != "a" {
+		t.Fatalf("w1 took %s evicting %q, want the aged %s evicting a", a.Task.ID, a.EvictLabel, aged.ID)
+	}
+	check(t, b.s)
+}
+
+// A worker freeing a label for an aged task frees one, the soonest idle, and keeps
+// serving the others: they are in use anyway, so they do not delay the aged task.
+func TestWorkerFreesOneLabelForAnAgedTask(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	b.worker("w1", 2, 5, "a", "b")
+	var as []*Task
+	for i := 0; i < 3; i++ {
+		as = append(as, b.task("a"))
+		one(t, b.submit(as[i]))
+	}
+	onB := b.task("b")
+	one(t, b.submit(onB))
+	aged := b.task("c")
+	none(t, b.submit(aged)) // a and b in use: no label to evict
+	b.clock.advance(time.Minute)
+	none(t, b.complete(as[0], false)) // b, with one task running, is the one to free
+	one(t, b.submit(b.task("a")))     // a still serves
+	none(t, b.submit(b.task("b")))    // b takes no more
+	a := one(t, b.complete(onB, false))
+	if a.Task != aged || a.EvictLabel != "b" {
+		t.Fatalf("took %s evicting %q, want the aged %s evicting b", a.Task.ID, a.EvictLabel, aged.ID)
+	}
+	check(t, b.s)
+}
