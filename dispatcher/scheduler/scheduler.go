@@ -796,7 +796,7 @@ func (s *Scheduler) place(t *Task) bool {
 		// label is not loadable there), the next ones in turn, a bounded number.
 		n := s.free.len()
 		for i, start := 0, s.rngStart(n); i < n && i < placeTries; i++ {
-			if w := s.free.at((start + i) % n); s.canTake(w, t) {
+			if w := s.free.at((start + i) % n); w.takes(t) && s.canTake(w, t) {
 				return s.assignLoading(w, t)
 			}
 		}
@@ -1300,6 +1300,11 @@ func (s *Scheduler) pick(w *worker) *Task {
 	if s.cfg.Policy == PolicyRandom {
 		if s.canTake(w, head) {
 			return head
+		}
+		// The head is next in the FIFO: a worker that could load it frees a label for
+		// it, or new tasks for its labels overtake the head for as long as they come.
+		if w.reservedFor == nil && head.reservedOn == nil && mayLoad(w, head) {
+			s.reserve(w, head)
 		}
 		return nil
 	}

@@ -88,3 +88,25 @@ func TestWorkerFreesOneLabelForAnAgedTask(t *testing.T) {
 	}
 	check(t, b.s)
 }
+
+// Random mode is one FIFO: a new task does not overtake the head on a multi-slot
+// worker that the head waits for (its labels in use), or the head waits for as long as
+// the worker's labels keep getting traffic.
+func TestRandomModeNewTaskDoesNotOvertakeHead(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{Policy: PolicyRandom, Seed: 7})
+	b.worker("w1", 1, 2, "a")
+	first, second := b.task("a"), b.task("a")
+	one(t, b.submit(first))
+	one(t, b.submit(second))
+	head := b.task("b")
+	none(t, b.submit(head))
+	none(t, b.complete(first, false)) // "a" still in use: the head cannot load yet
+	none(t, b.submit(b.task("a")))
+	a := one(t, b.complete(second, false))
+	if a.Task != head || !a.Load || a.EvictLabel != "a" {
+		t.Fatalf("took %s (load %v, evicting %q), want the head %s loading b evicting a",
+			a.Task.ID, a.Load, a.EvictLabel, head.ID)
+	}
+	check(t, b.s)
+}

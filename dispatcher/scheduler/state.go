@@ -79,11 +79,11 @@ type worker struct {
 	loadable map[string]struct{}
 	// Positions in the scheduler's free and roomy sets, -1 when absent.
 	freePos, roomyPos int
-	// reservedFor is a queued task past its pass-over bound that this worker could load
-	// but cannot take yet, every label it holds being in use: it takes no more tasks of
-	// label freeing until that label's running tasks end and it can be evicted for the
-	// task. Rule 4 on a worker with more slots than labels, whose labels' traffic would
-	// otherwise keep them in use for ever.
+	// reservedFor is a queued task past its pass-over bound (the FIFO head in random
+	// mode) that this worker could load but cannot take yet, every label it holds being
+	// in use: it takes no more tasks of label freeing until that label's running tasks
+	// end and it can be evicted for the task. Rule 4 on a worker with more slots than
+	// labels, whose labels' traffic would otherwise keep them in use for ever.
 	reservedFor *Task
 	freeing     string
 }
