@@ -1089,15 +1089,14 @@ func (s *Scheduler) reserve(w *worker, t *Task) {
 			freeing = h
 		}
 	}
-	w.reservedFor, t.reservedOn = t, w
-	w.freeing = freeing.label
+	w.reservedFor, t.reservedOn, t.freeing = t, w, freeing.label
 }
 
 // unreserve lets w take any task again: its task left the queue, w cannot load it any
 // more, or w stopped accepting.
 func unreserve(w *worker) {
 	if t := w.reservedFor; t != nil {
-		t.reservedOn, w.reservedFor, w.freeing = nil, nil, ""
+		t.reservedOn, t.freeing, w.reservedFor = nil, "", nil
 	}
 }
 
@@ -1327,7 +1326,7 @@ func (s *Scheduler) pick(w *worker) *Task {
 	// The oldest task for a label this worker holds.
 	var best *Task
 	for _, h := range w.held {
-		if h.doomed || h.label == w.freeing {
+		if h.doomed || (w.reservedFor != nil && h.label == w.reservedFor.freeing) {
 			continue
 		}
 		if c := firstFor(&h.state.queue, w); c != nil && (best == nil || c.seq < best.seq) &&

@@ -37,9 +37,11 @@ type Task struct {
 	// excluded lists the workers this task's label failed to load on: the task does
 	// not go back to them.
 	excluded []string
-	// reservedOn is the worker freeing a slot and a label for this queued task (see
-	// worker.reservedFor), or nil.
+	// reservedOn is the worker freeing a slot and label freeing for this queued task
+	// (see worker.reservedFor), or nil. Kept here rather than on the worker, which the
+	// wait estimate walks and which is better kept small.
 	reservedOn *worker
+	freeing    string
 	// Links in the global queue and in the label's queue.
 	global, byLabel links
 	heapIdx         int
@@ -81,18 +83,17 @@ type worker struct {
 	freePos, roomyPos int
 	// reservedFor is a queued task past its pass-over bound (the FIFO head in random
 	// mode) that this worker could load but cannot take yet, every label it holds being
-	// in use: it takes no more tasks of label freeing until that label's running tasks
-	// end and it can be evicted for the task. Rule 4 on a worker with more slots than
-	// labels, whose labels' traffic would otherwise keep them in use for ever.
+	// in use: it takes no more tasks of the task's label freeing until that label's
+	// running tasks end and it can be evicted for the task. Rule 4 on a worker with more
+	// slots than labels, whose labels' traffic would otherwise keep them in use for ever.
 	reservedFor *Task
-	freeing     string
 }
 
 // takes reports whether w may start t as far as its reservation goes: any task when it
 // has none; else only a task of a label it holds and is not freeing (a load would take
 // the label freed for the reserved task).
 func (w *worker) takes(t *Task) bool {
-	return w.reservedFor == nil || (t.Label != w.freeing && w.find(t.Label) >= 0)
+	return w.reservedFor == nil || (t.Label != w.reservedFor.freeing && w.find(t.Label) >= 0)
 }
 
 func (w *worker) isFree() bool { return w.accepting && len(w.running) < w.slots }
