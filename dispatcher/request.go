@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"time"
 )
 
@@ -80,12 +81,50 @@ func decodeRunTask(body []byte) (runTaskFields, error) {
 	if _, err := dec.Token(); err != io.EOF {
 		return runTaskFields{}, badRequest("body has data after the task object")
 	}
+	if err := checkRunTaskKeys(body); err != nil {
+		return runTaskFields{}, err
+	}
 	params, err := parameters(req.ParametersJSON)
 	if err != nil {
 		return runTaskFields{}, err
 	}
 	return runTaskFields{id: req.TaskID, taskType: req.TaskType, label: req.Label, params: params,
 		returnResult: req.ReturnResult, timeoutMS: req.TimeoutMS}, nil
+}
+
+// runTaskKeys are the keys of a task body, spelt as documented.
+var runTaskKeys = []string{"task_id", "task_type", "label", "parameters_json", "return_result", "timeout_ms"}
+
+// checkRunTaskKeys refuses what encoding/json lets through in a body it decoded: a key
+// spelt in another case (it matches field names case-insensitively) and a repeated key
+// (the last one wins, so whatever checked the first saw another task). body is one
+// valid JSON object: decodeRunTask has decoded it.
+func checkRunTaskKeys(body []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if _, err := dec.Token(); err != nil { // the opening brace
+		return badRequest("body is not a valid task: %v", err)
+	}
+	var seen [6]bool
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return badRequest("body is not a valid task: %v", err)
+		}
+		key, _ := tok.(string)
+		i := slices.Index(runTaskKeys, key)
+		switch {
+		case i < 0:
+			return badRequest("body is not a valid task: json: unknown field %q", key)
+		case seen[i]:
+			return badRequest("body is not a valid task: field %q given twice", key)
+		}
+		seen[i] = true
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return badRequest("body is not a valid task: %v", err)
+		}
+	}
+	return nil
 }
 
 // spec validates the fields.

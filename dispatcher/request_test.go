@@ -2,6 +2,7 @@ package dispatcher
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 )
 
@@ -22,6 +23,29 @@ func TestParseRunTaskParameters(t *testing.T) {
 	spec, err := parseRunTask([]byte(`{"task_type":"x","label":"m","return_result":false,"timeout_ms":1500}`))
 	if err != nil || spec.returnResult || spec.timeout.Milliseconds() != 1500 {
 		t.Fatalf("options: %+v %v", spec, err)
+	}
+}
+
+// Keys are the documented ones, spelt exactly, each once. encoding/json matches field
+// names in any case and lets a repeated key win: "LABEL" was taken for label, and a
+// proxy that checked the first "label" saw another task than the one run.
+func TestParseRunTaskKeysExactlyOnce(t *testing.T) {
+	t.Parallel()
+	for body, want := range map[string]string{
+		`{"Task_Type":"x","LABEL":"m","Return_Result":false}`:           `unknown field "Task_Type"`,
+		`{"task_type":"x","label":"m","Timeout_MS":5}`:                  `unknown field "Timeout_MS"`,
+		`{"task_type":"x","label":"a","label":"b"}`:                     `field "label" given twice`,
+		`{"task_type":"x","label":"m","parameters_json":{"A":1,"A":2}}`: "",                            // inside parameters: the worker's business
+		`{"task_type":"x","\u006cabel":"m"}`:                            "",                            // an escaped key is still its name
+		`{"task_type":"x","label":"m","task_id":"t","task_id":"t"}`:     `field "task_id" given twice`, // even with one value
+	} {
+		_, err := parseRunTask([]byte(body))
+		switch {
+		case want == "" && err != nil:
+			t.Errorf("%s: %v, want it accepted", body, err)
+		case want != "" && (err == nil || !strings.Contains(err.Error(), want)):
+			t.Errorf("%s: %v, want an error with %q", body, err, want)
+		}
 	}
 }
 
