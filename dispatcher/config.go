@@ -116,6 +116,9 @@ type Config struct {
 	// onWait, when set, is told when a synchronous producer starts waiting on a task.
 	// For tests.
 	onWait func(taskID string)
+	// onAsyncAdmitted, when set, is called for an asynchronous task once it is admitted,
+	// before its producer is answered: tests run the task to its end there.
+	onAsyncAdmitted func(taskID string)
 	// onJournalAccept and onJournalForget, when set, are called by an asynchronous
 	// submission after its journal write, and before it deletes the record of a task it
 	// was then refused: tests hold submissions there to build interleavings.

@@ -152,3 +152,24 @@ func TestStatusAfterDrainKeepsTheWorkerOut(t *testing.T) {
 		t.Fatalf("task after the drain: %v", got)
 	}
 }
+
+// An asynchronous task that ran and failed before its producer was answered still gets
+// its 202: only a refusal as it is routed answers the POST itself. The run's failure is
+// for GET /tasks/{id}, as for any asynchronous task.
+func TestAsyncTaskFailingBeforeItsAnswerStillGets202(t *testing.T) {
+	t.Parallel()
+	var b *bundle
+	var w *fakeWorker
+	b = setup(t, Config{onAsyncAdmitted: func(id string) {
+		w.finish(w.assignment(), false, "") // the worker fails it at once
+		<-b.d.hub.known(id).done
+	}})
+	w = b.dial("w1", "m")
+	code, out := b.post("/run-task", `{"task_id":"af-1","task_type":"x","label":"m","return_result":false}`)
+	if code != 202 {
+		t.Fatalf("async task that failed on its worker before the POST was answered: %d %v, want 202", code, out)
+	}
+	if code, v := b.get("/tasks/af-1"); code != 200 || v["status"] != "failed" {
+		t.Fatalf("GET /tasks/af-1: %d %v, want it failed", code, v)
+	}
+}

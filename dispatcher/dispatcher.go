@@ -190,17 +190,15 @@ func (d *Dispatcher) runTask(c echo.Context) error {
 		return err
 	}
 	if !spec.returnResult {
-		if fresh {
-			select {
-			case <-rec.done:
-				// Refused as it was routed (no connected worker can load its label, or the
-				// label is failing): the producer gets the refusal, as a synchronous one
-				// does, not a 202 for a task that will never run.
-				if rec.answerStatus() >= http.StatusBadRequest {
-					return d.writeAnswer(c, rec)
-				}
-			default:
-			}
+		if d.cfg.onAsyncAdmitted != nil {
+			d.cfg.onAsyncAdmitted(rec.sched.ID)
+		}
+		// Refused as it was routed (no connected worker can load its label, or the
+		// label is failing): the producer gets the refusal, as a synchronous one does,
+		// not a 202 for a task that will never run. Not a task that ran and failed
+		// since: that is for GET /tasks/{id}.
+		if fresh && rec.refusedAtAdmit {
+			return d.writeAnswer(c, rec)
 		}
 		v := d.hub.viewOf(rec)
 		return c.JSON(http.StatusAccepted, map[string]string{"task_id": v.TaskID, "status": v.Status})

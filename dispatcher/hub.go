@@ -277,6 +277,7 @@ func (h *hub) admitLocked(rec *taskRecord, limit bool) (*taskRecord, error) {
 		return nil, err
 	}
 	h.apply(out)
+	rec.refusedAtAdmit = rec.finished()
 	return rec, nil
 }
 

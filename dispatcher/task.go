@@ -26,6 +26,11 @@ type taskRecord struct {
 	params       []byte
 	returnResult bool
 	created      time.Time
+	// refusedAtAdmit: the task failed as it was routed, under the lock of its admission
+	// (no worker can load its label, the label is failing). Written by admitLocked, read
+	// by the submitting goroutine: an asynchronous producer gets such a refusal instead
+	// of a 202, and a 202 for a task that ran and failed since.
+	refusedAtAdmit bool
 
 	status     string // empty until finished: live state comes from sched
 	workerID   string
