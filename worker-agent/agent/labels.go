@@ -195,9 +195,17 @@ func (m *labelManager) adopt(ctx context.Context, loaded []string) error {
 
 // snapshot calls fn with the loaded labels, least recently used first, while no label
 // event can be emitted: events emitted after fn returns describe changes fn did not see.
+// A label being unloaded is left out; should its unload fail and the label stay, LOADED
+// is sent then (confirmOnKeep), since the hello fn builds did not list it.
 func (m *labelManager) snapshot(fn func(held []string)) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	for l := range m.unloading {
+		if m.confirmOnKeep == nil {
+			m.confirmOnKeep = make(map[string]struct{})
+		}
+		m.confirmOnKeep[l] = struct{}{}
+	}
 	fn(m.recency.Keys())
 }
 

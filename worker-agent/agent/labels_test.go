@@ -363,3 +363,38 @@ func TestLostLabelKeepsItsRoomUntilUnloaded(t *testing.T) {
 		t.Fatalf("holds %d labels (recency %v), want b alone", n, m.recency.Keys())
 	}
 }
+
+// A hello sent while a label is being unloaded leaves it out; when that unload fails
+// and the label stays, the dispatcher must hear LOADED, or it counts the worker a
+// label short (room it does not have) until a later eviction.
+func TestLabelKeptAfterAHelloLeftItOutIsConfirmed(t *testing.T) {
+	t.Parallel()
+	refused := errors.New("unload refused")
+	unloading, release := make(chan struct{}), make(chan struct{})
+	fake := backendtest.New()
+	fake.OnUnload = func(context.Context, string) error {
+		close(unloading)
+		<-release
+		return refused
+	}
+	m, events := labelSetup(t, 1, fake)
+	l, _ := mustAcquire(t, m, "a", "")
+	l.release()
+	b := goAcquire(t.Context(), m, "b", "a")
+	<-unloading
+	var hello []string
+	m.snapshot(func(held []string) { hello = held })
+	if len(hello) != 0 {
+		t.Fatalf("hello during a's unload holds %q, want none", hello)
+	}
+	close(release)
+	if r := await(t, b); r.err == nil {
+		t.Fatal("acquire b worked, want the unload's error")
+	}
+	// EVICTED b: b's load, which the dispatcher expects, did not happen. LOADED a: a
+	// stayed, which the hello did not say.
+	want := []string{"LOADING a", "LOADED a", "EVICTED b", "LOADED a"}
+	if got := events(); !slices.Equal(got, want) {
+		t.Errorf("events %q, want %q", got, want)
+	}
+}
