@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -54,7 +55,13 @@ func batchCompare(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return 2
 	}
 	for _, o := range strings.Split(*orders, ",") {
-		bc.Orders = append(bc.Orders, batch.Order(strings.TrimSpace(o)))
+		o = strings.TrimSpace(o)
+		// batch reads an empty order as its default: "label," would run label twice.
+		if o == "" || slices.Contains(bc.Orders, batch.Order(o)) {
+			fmt.Fprintf(stderr, "benchmark batch-compare: --orders %q: want distinct orders (label, file), comma-separated\n", *orders)
+			return 2
+		}
+		bc.Orders = append(bc.Orders, batch.Order(o))
 	}
 	terminal := isTerminal(stderr)
 	if terminal && !bc.JSON {

@@ -130,6 +130,10 @@ func TestRunCommands(t *testing.T) {
 		// Refused before anything starts (an empty --bin-dir would fail later with 1):
 		// bad usage.
 		{[]string{"run", "--quiet", "--bin-dir", t.TempDir(), "--compare", "--chart", filepath.Join(t.TempDir(), "missing", "x.svg")}, 2, "", "benchmark run: --chart: "},
+		// NaN passes every comparison: it was taken as a rate and a growth bound.
+		{[]string{"soak", "--rate", "NaN"}, 2, "", "--rate not negative"},
+		{[]string{"soak", "--max-growth", "NaN"}, 2, "", "--max-growth must be positive"},
+		{[]string{"soak", "--rate", "+Inf"}, 2, "", "--rate not negative"},
 	}
 	for _, tt := range tests {
 		var stdout, stderr bytes.Buffer
@@ -226,6 +230,9 @@ func TestBatchCompareValidatesBeforeStarting(t *testing.T) {
 		{[]string{"--input", dir}, "is a directory"},
 		{nil, "--input is required"},
 		{[]string{"--input", in, "--num-workers", "0"}, "--num-workers"},
+		// An empty entry read as batch's default order ran label twice.
+		{[]string{"--input", in, "--orders", "label,"}, "--orders"},
+		{[]string{"--input", in, "--orders", "file,file"}, "--orders"},
 	}
 	for _, tt := range tests {
 		var out, errb bytes.Buffer

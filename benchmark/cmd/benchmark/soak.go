@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -37,7 +38,9 @@ func soak(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return 2
 	}
-	if fs.NArg() > 0 || cfg.Duration <= 0 || cfg.Rate < 0 || cfg.ProbeDuration <= 0 || cfg.Concurrency < 1 || cfg.MaxGrowth <= 0 {
+	// !(x >= 0) also refuses NaN, which every comparison lets through.
+	if fs.NArg() > 0 || cfg.Duration <= 0 || !(cfg.Rate >= 0) || math.IsInf(cfg.Rate, 0) || cfg.ProbeDuration <= 0 || cfg.Concurrency < 1 ||
+		!(cfg.MaxGrowth > 0) || math.IsInf(cfg.MaxGrowth, 0) {
 		fmt.Fprintln(stderr, "benchmark soak: --duration, --probe, --concurrency and --max-growth must be positive, --rate not negative, and no arguments")
 		return 2
 	}
