@@ -135,6 +135,9 @@ const (
 	BackendTriton = "triton"
 )
 
+// MinTimeScale is the smallest --time-scale: 400 ms loads become 400 ns.
+const MinTimeScale = 1e-6
+
 // tritonInferBody is a KServe v2 infer request the fake Triton answers for any model.
 const tritonInferBody = `{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1,4],"data":[1,2,3,4]}]}`
 
@@ -209,6 +212,10 @@ func (c Config) Validate() error {
 	}
 	if !(c.TimeScale > 0) || math.IsInf(c.TimeScale, 0) {
 		bad("--time-scale must be a positive number, got %v", c.TimeScale)
+	} else if c.TimeScale < MinTimeScale {
+		// Every duration would round to nothing, and the report's figures at scale 1
+		// (divided by the scale) would overflow.
+		bad("--time-scale must be at least %v, got %v", MinTimeScale, c.TimeScale)
 	} else {
 		// The scale multiplies the workload's durations: each must still fit a Duration.
 		for _, d := range []struct {

@@ -40,6 +40,7 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		{func(c *Config) { c.TimeScale = 0 }, "--time-scale"},
 		{func(c *Config) { c.TimeScale = math.Inf(1) }, "--time-scale"},
 		{func(c *Config) { c.TimeScale = 1e300 }, "--time-scale 1e+300 makes --wait-avg (1s) too long for a duration"},
+		{func(c *Config) { c.TimeScale = 1e-300 }, "--time-scale must be at least 1e-06"},
 		{func(c *Config) { c.SimLoadTime, c.TimeScale = time.Duration(math.MaxInt64), 1.5 }, "--sim-load-time"},
 		{func(c *Config) { c.Parameters = "notjson" }, `--parameters must be JSON, got "notjson"`},
 		{func(c *Config) { c.Backend = "gpu" }, "--backend"},
