@@ -3,18 +3,33 @@
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
-{{/* Prefix of every resource: release-chart, or the release alone when it already names the chart. */}}
+{{/* Prefix of every resource: release-chart, or the release alone when it already names the chart.
+At most 38 characters: the log collector's StatefulSet (-log-collector) must stay within
+52, or its pods' controller-revision-hash label passes 63 (and -worker-metrics makes a
+Service name). Refused rather than cut, which could make two releases' names one. */}}
 {{- define "smartroute.fullname" -}}
+{{- $full := "" }}
 {{- if .Values.fullnameOverride }}
-{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- $full = .Values.fullnameOverride | trimSuffix "-" }}
 {{- else }}
 {{- $name := default .Chart.Name .Values.nameOverride }}
 {{- if contains $name .Release.Name }}
-{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- $full = .Release.Name | trimSuffix "-" }}
 {{- else }}
-{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- $full = printf "%s-%s" .Release.Name $name | trimSuffix "-" }}
 {{- end }}
 {{- end }}
+{{- if gt (len $full) 38 }}
+{{- fail (printf "the full name %q is %d characters, and at most 38 leave room for every object's suffix: set fullnameOverride (or a shorter release name)" $full (len $full)) }}
+{{- end }}
+{{- $full }}
+{{- end }}
+
+{{/* What the pods' checksum/auth annotation hashes: the credentials as the values give
+them, not the rendered Secret, whose generated ones are drawn anew at each render (the
+first upgrade would roll every pod for nothing; an upgrade keeps the installed ones). */}}
+{{- define "smartroute.authChecksum" -}}
+{{- toJson .Values.auth | sha256sum }}
 {{- end }}
 
 {{/* Labels of every resource. */}}

@@ -1,0 +1,94 @@
+package kubernetes
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+)
+
+// Found by a review of the chart against the binaries: each renders, and each would
+// break or mislead a real install.
+
+// Two installs of one release name in two namespaces, scraped by one Prometheus: each
+// autoscaler must count its own dispatcher's queue, not the sum of both.
+func TestChartKEDAQueryIsScopedToTheNamespace(t *testing.T) {
+	r := mustRender(t, nil, allOnValues)
+	so := find[*scaledObject](r)
+	if len(so) != 1 || !strings.Contains(so[0].Spec.Triggers[0].Metadata["query"], `namespace="smartroute"`) {
+		t.Fatalf("KEDA query %q, want it scoped to namespace smartroute", so[0].Spec.Triggers[0].Metadata["query"])
+	}
+}
+
+// The scrape credential is a producer API key (the dispatcher has one key space): it
+// goes to the dispatcher's endpoint only, not to the collector, nor in clear text to
+// the agents' plain-HTTP port.
+func TestChartScrapeCredentialGoesOnlyToTheDispatcher(t *testing.T) {
+	r := mustRender(t, nil, allOnValues)
+	sm := find[*serviceMonitor](r)
+	if len(sm) != 1 {
+		t.Fatalf("%d ServiceMonitors", len(sm))
+	}
+	for _, e := range sm[0].Spec.Endpoints {
+		if got, want := e.Authorization != nil, e.Port == "http"; got != want {
+			t.Errorf("endpoint %q: authorization %v, want %v", e.Port, got, want)
+		}
+	}
+}
+
+// Generated credentials: the pods' checksum must not hash a freshly drawn random token
+// (each include drew another), or the first upgrade, with the same Secret, rolls every
+// pod, the single Recreate dispatcher included, for nothing.
+func TestChartAuthChecksumIsStableWithGeneratedCredentials(t *testing.T) {
+	sum := func(r *rendered) map[string]string {
+		out := map[string]string{}
+		for _, d := range find[*appsv1.Deployment](r) {
+			out[d.Name] = d.Spec.Template.Annotations["checksum/auth"]
+		}
+		for _, s := range find[*appsv1.StatefulSet](r) {
+			out[s.Name] = s.Spec.Template.Annotations["checksum/auth"]
+		}
+		return out
+	}
+	a, b := sum(mustRender(t, nil)), sum(mustRender(t, nil))
+	for name, h := range a {
+		if h == "" || h != b[name] {
+			t.Errorf("%s: checksum/auth %q, then %q with the same values", name, h, b[name])
+		}
+	}
+	// A credential given in the values still rolls the pods when it changes.
+	c := sum(mustRender(t, map[string]any{"auth": map[string]any{"workerToken": "rotated-token"}}))
+	if c["sr-smartroute-worker"] == a["sr-smartroute-worker"] {
+		t.Error("a new auth.workerToken leaves checksum/auth unchanged")
+	}
+}
+
+// The dispatcher serves /health only once it holds the journal's lock, which it waits
+// for up to the grace period and 15 s: the startup probe must outlast that, or the
+// kubelet kills the replacement pod in the very wait the timeout is for.
+func TestChartDispatcherStartupOutlastsTheJournalLockWait(t *testing.T) {
+	for _, grace := range []int{45, 110, 600} {
+		r := mustRender(t, map[string]any{"dispatcher": map[string]any{"terminationGracePeriodSeconds": grace}})
+		d := one[*appsv1.Deployment](t, r, "sr-smartroute-dispatcher")
+		c := container(t, d.Spec.Template.Spec, "dispatcher")
+		lock, err := time.ParseDuration(env(c)["JOURNAL_LOCK_TIMEOUT"].Value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := c.StartupProbe
+		if window := time.Duration(p.PeriodSeconds*p.FailureThreshold) * time.Second; window < lock+30*time.Second {
+			t.Errorf("grace %ds: startup probe window %v, journal lock wait %v: want 30 s to spare for the replay", grace, window, lock)
+		}
+	}
+}
+
+// Names are the full name plus a suffix: a full name that leaves no room gets a clear
+// error at render, not objects the API server refuses (a Service over 63 characters; a
+// StatefulSet over 52, whose controller-revision-hash label would be over 63).
+func TestChartRefusesAFullNameTooLongForItsObjects(t *testing.T) {
+	if _, err := render(t, map[string]any{"fullnameOverride": strings.Repeat("x", 39)}); err == nil || !strings.Contains(err.Error(), "fullnameOverride") {
+		t.Errorf("a 39-character full name: %v, want an error naming fullnameOverride", err)
+	}
+	mustRender(t, map[string]any{"fullnameOverride": strings.Repeat("x", 38)})
+}
