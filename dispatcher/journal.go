@@ -216,6 +216,12 @@ func (j *journal) accept(e *journalEntry, now time.Time) (prev *journalEntry, cr
 	if err != nil {
 		return nil, false, err
 	}
+	// An answer not on disk yet first: the record there still reads pending, and the
+	// task would be admitted to run again. Looked at before the disk, as get does, so
+	// that an answer written in between is found there.
+	if a, ok := j.unwrittenAnswer(e.ID, now); ok {
+		return &a, false, nil
+	}
 	key := []byte(e.ID)
 	err = j.db.Batch(func(tx *bolt.Tx) error {
 		// Batch may run this twice: set the results from scratch each time.
@@ -244,21 +250,7 @@ func (j *journal) accept(e *journalEntry, now time.Time) (prev *journalEntry, cr
 // get returns the answered entry under id, if the journal holds one within the
 // retention.
 func (j *journal) get(id string, now time.Time) (e journalEntry, ok bool, err error) {
-	// Answers not on disk yet first, newest last.
-	j.mu.Lock()
-	for _, q := range [][]journalEntry{j.pending, j.writing} {
-		for i := len(q) - 1; i >= 0; i-- {
-			if q[i].ID == id && !j.expired(q[i].Finished, now) {
-				e, ok = q[i], true
-				break
-			}
-		}
-		if ok {
-			break
-		}
-	}
-	j.mu.Unlock()
-	if ok {
+	if e, ok := j.unwrittenAnswer(id, now); ok {
 		return e, true, nil
 	}
 	err = j.db.View(func(tx *bolt.Tx) error {
@@ -272,6 +264,21 @@ func (j *journal) get(id string, now time.Time) (e journalEntry, ok bool, err er
 		return err
 	})
 	return e, ok, err
+}
+
+// unwrittenAnswer returns the newest answer under id that is not on disk yet (queued for the
+// writer, or being written), if one is within the retention.
+func (j *journal) unwrittenAnswer(id string, now time.Time) (journalEntry, bool) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for _, q := range [][]journalEntry{j.pending, j.writing} {
+		for i := len(q) - 1; i >= 0; i-- {
+			if q[i].ID == id && !j.expired(q[i].Finished, now) {
+				return q[i], true
+			}
+		}
+	}
+	return journalEntry{}, false
 }
 
 // errKept rolls back a forget that was called off.

@@ -666,3 +666,59 @@ func TestJournalAcceptFailureIs503(t *testing.T) {
 		t.Fatalf("submit once the disk takes it: %d %v", code, out)
 	}
 }
+
+// An asynchronous task whose answer is still waiting for the disk (the journal's
+// writer is backing off after a failed write) and has been pushed out of memory by the
+// count bound must not run again when its id is resubmitted asynchronously: GET
+// /tasks/{id} finds the answer, and so must the resubmission ("the task runs once").
+func TestAsyncResubmitOfAnUnwrittenAnswerDoesNotRunItAgain(t *testing.T) {
+	t.Parallel()
+	clock := &testClock{now: time.Now()}
+	var full atomic.Bool
+	diskFull := errors.New("no space left on device")
+	failed := make(chan struct{}, 100)
+	b := setup(t, Config{DataDir: t.TempDir(), Clock: clock, TaskRetention: time.Hour, TaskRetentionCount: 1,
+		// The writer waits an hour before trying the failed answer again.
+		journalRetry: func() backoff.BackOff { return backoff.NewConstantBackOff(time.Hour) },
+		journalWriteFault: func() error {
+			if full.Load() {
+				select {
+				case failed <- struct{}{}:
+				default:
+				}
+				return diskFull
+			}
+			return nil
+		}})
+	t.Cleanup(func() { b.d.Close() })
+	w := b.dial("w1", "m")
+	if code, out := b.post("/run-task", `{"task_id":"x","task_type":"t","label":"m","return_result":false}`); code != http.StatusAccepted {
+		t.Fatalf("async submit: %d %v", code, out)
+	}
+	a := w.assignment()
+	full.Store(true)
+	w.finish(a, true, `{"answer":1}`)
+	select {
+	case <-failed: // the answer's write failed; the next try is an hour away
+	case <-time.After(10 * time.Second): // a failure bound, not synchronisation
+		t.Fatal("the answer's write was never tried")
+	}
+	full.Store(false) // room again for new tasks' records
+	// Push x's answer out of memory (count bound 1) with one synchronous task.
+	ans := b.postAsync(`{"task_id":"s","task_type":"t","label":"m"}`)
+	w.finish(w.assignment(), true, `{}`)
+	if got := <-ans; got.status != http.StatusOK {
+		t.Fatalf("sync task: %v", got)
+	}
+	if code, out := b.get("/tasks/x"); code != http.StatusOK || out["status"] != "completed" {
+		t.Fatalf("GET /tasks/x with its answer unwritten: %d %v", code, out)
+	}
+	code, out := b.post("/run-task", `{"task_id":"x","task_type":"t","label":"m","return_result":false}`)
+	if code != http.StatusAccepted || out["status"] != "completed" {
+		t.Errorf("async resubmission of answered x: %d %v, want 202 completed (the stored answer)", code, out)
+	}
+	b.post("/run-task", `{"task_id":"next","task_type":"t","label":"m","return_result":false}`)
+	if a := w.assignment(); a.TaskId != "next" {
+		t.Fatalf("answered task ran again: worker was sent %s attempt %d, want next", a.TaskId, a.Attempt)
+	}
+}
