@@ -39,6 +39,9 @@ type hub struct {
 	// still have no answer: one that comes back to the queue is let go to the journal
 	// (releaseRequeued) rather than hold the shutdown.
 	running []*taskRecord
+	// released are the journaled tasks let go to the journal at shutdown, still shown
+	// by GET /tasks/{id} (queued: the next start runs them) while the shutdown lasts.
+	released map[string]*taskRecord
 	// overdue wakes synchronous producers whose worker overran the deadline. It locks
 	// itself.
 	overdue *overdueWheel
@@ -372,7 +375,11 @@ func (h *hub) recover(pending, answered []journalEntry) (requeued, expired int) 
 // lookup finds a task in flight or answered.
 func (h *hub) lookup(id string) (taskView, bool) {
 	h.mu.Lock()
-	if rec := h.knownLocked(id); rec != nil {
+	rec := h.knownLocked(id)
+	if rec == nil {
+		rec = h.released[id]
+	}
+	if rec != nil {
 		v := rec.view()
 		h.mu.Unlock()
 		return v, true
@@ -892,10 +899,19 @@ func (h *hub) beginShutdown() <-chan struct{} {
 // changes it after done is closed.
 func (h *hub) releaseLocked(rec *taskRecord) {
 	delete(h.active, rec.sched.ID)
+	if h.released == nil {
+		h.released = make(map[string]*taskRecord)
+	}
+	h.released[rec.sched.ID] = rec
 	rec.httpStatus = http.StatusServiceUnavailable
 	rec.errMsg = "dispatcher shutting down; task " + rec.sched.ID + " is journaled and runs when the dispatcher starts again"
+	rec.retryAt = h.clock.Now().Add(shutdownRetryAfter)
 	close(rec.done)
 }
+
+// shutdownRetryAfter is the Retry-After of the 503s shutdown answers: a replacement
+// dispatcher (or this one restarted) is usually up by then.
+const shutdownRetryAfter = 5 * time.Second
 
 // failAll answers every unfinished task, except journaled ones, which are left in
 // the journal for the next start; used when shutdown runs out of time.
@@ -919,6 +935,7 @@ func (h *hub) failAll(reason string) (failed, kept int) {
 			continue
 		}
 		h.met.failedTask(rec, failShutdown)
+		rec.retryAt = h.clock.Now().Add(shutdownRetryAfter)
 		h.finish(rec, statusFailed, http.StatusServiceUnavailable, reason)
 		failed++
 	}

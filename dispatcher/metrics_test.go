@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/smartroute/smartroute/dispatcher/scheduler"
+	"github.com/smartroute/smartroute/proto/frame"
 	pb "github.com/smartroute/smartroute/proto/smartroutev1"
 )
 
@@ -340,5 +341,21 @@ func TestDisconnectsAtHelloAreCounted(t *testing.T) {
 	m := b.d.hub.met.disconnects
 	if pv, ht := testutil.ToFloat64(m.WithLabelValues("protocol_version")), testutil.ToFloat64(m.WithLabelValues("hello_timeout")); pv != 1 || ht != 1 {
 		t.Errorf("worker_disconnects_total{code=protocol_version} = %v, {code=hello_timeout} = %v; want 1 each", pv, ht)
+	}
+}
+
+// A worker refused after a valid hello because shutdown began is closed with SHUTDOWN
+// and counted, as one refused at its hello is.
+func TestWorkerRefusedAtShutdownIsCounted(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	b.d.hub.beginShutdown()
+	w := b.dialRaw("late")
+	w.write(&pb.Envelope{Body: &pb.Envelope_Hello{Hello: &pb.Hello{ProtocolVersion: frame.ProtocolVersion, WorkerId: "late", MaxLabels: 1, Slots: 1}}})
+	if code, _ := w.closeCode(); code != int(pb.CloseCode_CLOSE_CODE_SHUTDOWN) {
+		t.Fatalf("close code %d, want SHUTDOWN", code)
+	}
+	if n := testutil.ToFloat64(b.d.hub.met.disconnects.WithLabelValues("shutdown")); n != 1 {
+		t.Errorf("worker_disconnects_total{code=shutdown} = %v, want 1", n)
 	}
 }

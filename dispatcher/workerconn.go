@@ -297,6 +297,7 @@ func (d *Dispatcher) serveWorker(c echo.Context) error {
 		if !errors.As(err, &disc) {
 			disc = &Disconnect{Code: pb.CloseCode_CLOSE_CODE_BAD_FRAME, Reason: err.Error()}
 		}
+		d.hub.met.disconnected(disc.Code) // before the close frame, as at the hello
 		wc.close(disc)
 		<-wc.written
 		close(wc.read)
