@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"github.com/tidwall/gjson"
 )
 
 // Limits of GET /logs.
@@ -115,45 +116,32 @@ func parseQueryTime(name, s string, now time.Time) (time.Time, error) {
 	return time.Time{}, fmt.Errorf("%s %q: want an RFC 3339 time such as 2006-01-02T15:04:05Z or a duration ago such as 15m", name, s)
 }
 
-// recordFields are the fields a query filters on. Raw, so that a record whose level or
-// event is not a string (a worker's logger is not ours to vouch for) is still shown;
-// it only fails a filter on that field.
-type recordFields struct {
-	Level json.RawMessage `json:"level"`
-	Event json.RawMessage `json:"event"`
-	Time  json.RawMessage `json:"time"`
-}
-
-// jsonString is raw as a string; ok is false for any other JSON value.
-func jsonString(raw json.RawMessage) (s string, ok bool) {
-	return s, len(raw) > 0 && raw[0] == '"' && json.Unmarshal(raw, &s) == nil
-}
-
 // matchedRecord is a record a query returns.
 type matchedRecord struct {
 	raw  json.RawMessage
 	time time.Time
 }
 
-// match reports whether line passes q, and its time.
+// match reports whether line passes q, and its time. It reads the top-level "level",
+// "event" and "time" spelt exactly so (not encoding/json, whose keys match in any
+// case), and a level only by one of the seven names. A record whose field is of
+// another kind (a worker's logger is not ours to vouch for) is still a record: it only
+// fails a filter on that field.
 func (q *logQuery) match(line []byte) (time.Time, bool) {
-	var f recordFields
-	if json.Unmarshal(line, &f) != nil {
+	if !gjson.ValidBytes(line) {
 		return time.Time{}, false
 	}
+	f := gjson.GetManyBytes(line, "level", "event", "time")
 	if q.minLevel != zerolog.NoLevel {
-		level, _ := jsonString(f.Level)
-		lvl, err := zerolog.ParseLevel(level)
-		if err != nil || lvl == zerolog.NoLevel || lvl < q.minLevel {
+		lvl, ok := queryLevels[f[0].Str]
+		if f[0].Type != gjson.String || !ok || lvl < q.minLevel {
 			return time.Time{}, false
 		}
 	}
-	if q.event != "" {
-		if event, ok := jsonString(f.Event); !ok || event != q.event {
-			return time.Time{}, false
-		}
+	if q.event != "" && (f[1].Type != gjson.String || f[1].Str != q.event) {
+		return time.Time{}, false
 	}
-	t, ok := recordTime(f.Time)
+	t, ok := recordTime(f[2])
 	if (!q.since.IsZero() || !q.until.IsZero()) && !ok {
 		return time.Time{}, false
 	}

@@ -106,6 +106,48 @@ func TestLogsQueryShowsRecordsWithOddFields(t *testing.T) {
 	}
 }
 
+// The filters read "level", "event" and "time" spelt so, and a level only as one of
+// the seven names: encoding/json matched keys in any case ("EVENT" passed event=), and
+// zerolog.ParseLevel took "disabled" and integer strings, which ranked above error.
+func TestLogsQueryFiltersOnTheDocumentedFieldsOnly(t *testing.T) {
+	t.Parallel()
+	r := startCollector(t, Config{})
+	a, _ := connect(t, r.ingestURL(), "w4", "s1")
+	a.batch(1, 0,
+		`{"level":"error","event":"label_miss","message":"real"}`,
+		`{"level":"info","EVENT":"label_miss","message":"upper-case event"}`,
+		`{"level":"debug","Level":"error","message":"upper-case level"}`,
+		`{"level":"disabled","message":"disabled"}`,
+		`{"level":"100","message":"number string"}`,
+		`{"level":"error","Time":"2000-01-01T00:00:00Z","message":"upper-case time"}`,
+	)
+	for _, tc := range []struct {
+		query string
+		want  []string
+	}{
+		{"worker=w4&event=label_miss", []string{"real"}},
+		{"worker=w4&level=error", []string{"real", "upper-case time"}},
+		{"worker=w4&until=2001-01-01T00:00:00Z", nil}, // no record has a "time"
+	} {
+		code, body := r.get("/logs?" + tc.query)
+		var resp struct {
+			Records []struct {
+				Message string `json:"message"`
+			} `json:"records"`
+		}
+		if err := json.Unmarshal(body, &resp); code != 200 || err != nil {
+			t.Fatalf("%s: %d %s (%v)", tc.query, code, body, err)
+		}
+		var got []string
+		for _, rec := range resp.Records {
+			got = append(got, rec.Message)
+		}
+		if strings.Join(got, "|") != strings.Join(tc.want, "|") {
+			t.Errorf("%s: got %q, want %q", tc.query, got, tc.want)
+		}
+	}
+}
+
 func TestLogsQueryErrors(t *testing.T) {
 	t.Parallel()
 	r := startCollector(t, Config{})

@@ -17,6 +17,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/tidwall/gjson"
 )
 
 // On disk, each worker has a directory under Config.Dir named after its id (bytes
@@ -642,22 +644,14 @@ func scanLines(r *bufio.Reader, fn func([]byte)) error {
 }
 
 // recordTime reads a record's "time": RFC 3339 text, or Unix seconds as a number.
-func recordTime(raw json.RawMessage) (time.Time, bool) {
-	if len(raw) == 0 {
-		return time.Time{}, false
-	}
-	if raw[0] == '"' {
-		var s string
-		if json.Unmarshal(raw, &s) != nil {
-			return time.Time{}, false
-		}
-		t, err := time.Parse(time.RFC3339Nano, s)
+func recordTime(r gjson.Result) (time.Time, bool) {
+	switch r.Type {
+	case gjson.String:
+		t, err := time.Parse(time.RFC3339Nano, r.Str)
 		return t, err == nil
+	case gjson.Number:
+		sec := int64(r.Num)
+		return time.Unix(sec, int64((r.Num-float64(sec))*1e9)), true
 	}
-	f, err := strconv.ParseFloat(string(raw), 64)
-	if err != nil {
-		return time.Time{}, false
-	}
-	sec := int64(f)
-	return time.Unix(sec, int64((f-float64(sec))*1e9)), true
+	return time.Time{}, false
 }
