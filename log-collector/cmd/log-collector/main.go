@@ -108,6 +108,11 @@ func run(args []string) error {
 			cfg.IngestTokens = append(cfg.IngestTokens, t)
 		}
 	}
+	// No tokens means no credentials asked: a list that was given and holds none (an
+	// unset variable in a template, say) must not open /ingest to anyone.
+	if *ingestTokens != "" && len(cfg.IngestTokens) == 0 {
+		return usageError{fmt.Errorf("--ingest-token (INGEST_TOKEN) %q holds no token; leave it unset to take streams without credentials", *ingestTokens)}
+	}
 	level, err := zerolog.ParseLevel(*logLevel)
 	if err != nil {
 		return usageError{fmt.Errorf("--log-level: %w", err)}

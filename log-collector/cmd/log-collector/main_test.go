@@ -20,6 +20,9 @@ func TestBadConfigurationExitsTwo(t *testing.T) {
 		{[]string{"--no-such-flag"}, 2},
 		{[]string{"--max-files", "0"}, 2},
 		{[]string{"--max-active-batches", "0"}, 2}, // Config would read 0 as the default, 16
+		// A token list that holds no token turned authentication off.
+		{[]string{"--ingest-token", " , "}, 2},
+		{[]string{"--ingest-token", " "}, 2},
 		{[]string{"--log-level", "loud"}, 2},
 		{[]string{"stray"}, 2},
 		{[]string{"--tls-cert", "/nonexistent.pem", "--tls-key", "/nonexistent.key"}, 2}, // New's config check
