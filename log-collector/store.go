@@ -514,11 +514,28 @@ func cutTo(f *os.File, size int64) error {
 
 // rotate starts the next data file and deletes the oldest beyond maxFiles.
 func (w *workerLog) rotate(maxFiles int) error {
-	if w.file != nil {
-		if err := w.file.Close(); err != nil {
+	// The file may run past the acknowledged size (a failed batch whose cut failed as
+	// well): cut it now. Once it is not the current file, queries read it whole and a
+	// restart no longer cuts it, and the batch, resent, would be stored twice.
+	f := w.file
+	w.file = nil
+	if f == nil {
+		var err error
+		if f, err = os.OpenFile(w.dataPath(w.state.File), os.O_WRONLY, 0); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return err
 		}
-		w.file = nil
+	}
+	if f != nil {
+		err := cutTo(f, w.state.Size)
+		if err == nil {
+			err = f.Sync()
+		}
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return fmt.Errorf("cutting a failed batch off before rotating: %w", err)
+		}
 	}
 	w.state.File++
 	w.state.Size = 0

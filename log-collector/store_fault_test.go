@@ -1,6 +1,7 @@
 package logcollector
 
 import (
+	"context"
 	"os"
 	"testing"
 )
@@ -47,4 +48,74 @@ func TestBatchAfterAnUncutFailedBatchStartsAtTheAcknowledgedSize(t *testing.T) {
 	if want := string(first) + string(second); string(got) != want || w.state.Size != int64(len(want)) {
 		t.Fatalf("file %q (state size %d), want %q", got, w.state.Size, want)
 	}
+}
+
+// The same when the resent batch rotates the file: the rotated-out file is no longer
+// current, so queries read it whole and a restart no longer cuts it; its failed tail
+// must be cut off before the rotation, or the resent batch is stored twice.
+func TestUncutFailedBatchIsCutBeforeARotation(t *testing.T) {
+	dir := t.TempDir()
+	const maxFile = 40
+	st, err := newStore(dir, maxFile, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := st.worker("w1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := []byte(`{"n":1,"pad":"xxxxxxxxxx"}` + "\n")  // 27 bytes
+	second := []byte(`{"n":2,"pad":"yyyyyyyyyy"}` + "\n") // 27 bytes: 27+27 > 40, rotates
+	w.mu.Lock()
+	if err := w.appendBatch(first, 1, 0, maxFile, 10); err != nil {
+		t.Fatal(err)
+	}
+	// What a failed batch 2 whose cut also failed leaves (its fsync or state write
+	// failed, then its Truncate): its whole lines, and the file closed
+	// (as in TestBatchAfterAnUncutFailedBatchStartsAtTheAcknowledgedSize).
+	path := w.dataPath(w.state.File)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(second); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	w.file.Close()
+	w.file = nil
+	// The agent resends batch 2 (never acknowledged); it does not fit: rotation.
+	if err := w.appendBatch(second, 2, 0, maxFile, 10); err != nil {
+		t.Fatal(err)
+	}
+	w.mu.Unlock()
+
+	count := func(w *workerLog) int {
+		n := 0
+		if err := w.scan(context.Background(), func(line []byte) {
+			if string(line)+"\n" == string(second) {
+				n++
+			}
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := count(w); n != 1 {
+		t.Errorf("live: the query reads batch 2's record %d times, want once (rotated-out file %s keeps the unacknowledged copy)", n, path)
+	}
+	// A restart does not cut it either.
+	st2, err := newStore(dir, maxFile, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w2, err := st2.worker("w1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := count(w2); n != 1 {
+		t.Errorf("after a restart: batch 2's record is read %d times, want once", n)
+	}
+	st.close()
+	st2.close()
 }
