@@ -377,9 +377,17 @@ func (c *Collector) shutdown(ctx context.Context) error {
 		streams = append(streams, s)
 	}
 	c.mu.Unlock()
+	// All at once, and each close frame given no longer than the shutdown has: one
+	// after another, agents that stopped reading cost a write timeout each.
+	var closing sync.WaitGroup
 	for _, s := range streams {
-		s.closeWith(int(pb.CloseCode_CLOSE_CODE_SHUTDOWN), "log collector shutting down")
+		deadline := time.Now().Add(s.writeTimeout)
+		if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+			deadline = d
+		}
+		closing.Go(func() { s.closeBy(int(pb.CloseCode_CLOSE_CODE_SHUTDOWN), "log collector shutting down", deadline) })
 	}
+	closing.Wait()
 	done := make(chan struct{})
 	go func() { c.handlers.Wait(); close(done) }()
 	select {

@@ -83,12 +83,18 @@ type ingestConn struct {
 // closeWith sends a close frame (best effort) and closes the connection. Idempotent,
 // safe from any goroutine.
 func (ic *ingestConn) closeWith(code int, reason string) {
+	ic.closeBy(code, reason, time.Now().Add(ic.writeTimeout))
+}
+
+// closeBy is closeWith giving the close frame until deadline: an agent that stopped
+// reading holds the write that long.
+func (ic *ingestConn) closeBy(code int, reason string, deadline time.Time) {
 	ic.once.Do(func() {
 		// done first: once the agent can read the close frame, nothing more of its
 		// stream is written (a batch waiting for a slot checks done when it gets one).
 		close(ic.done)
 		msg := websocket.FormatCloseMessage(code, frame.CloseReason(reason))
-		_ = ic.ws.WriteControl(websocket.CloseMessage, msg, time.Now().Add(ic.writeTimeout))
+		_ = ic.ws.WriteControl(websocket.CloseMessage, msg, deadline)
 		_ = ic.ws.Close()
 	})
 }
