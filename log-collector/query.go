@@ -1,6 +1,8 @@
 package logcollector
 
 import (
+	"cmp"
+	"container/heap"
 	"context"
 	"encoding/json"
 	"errors"
@@ -120,6 +122,26 @@ func parseQueryTime(name, s string, now time.Time) (time.Time, error) {
 type matchedRecord struct {
 	raw  json.RawMessage
 	time time.Time
+	seq  int // place among the worker's matches, in file order
+}
+
+func byTimeThenSeq(a, b matchedRecord) int {
+	return cmp.Or(a.time.Compare(b.time), cmp.Compare(a.seq, b.seq))
+}
+
+// recordHeap keeps a worker's most recent matches: its top is the oldest.
+type recordHeap []matchedRecord
+
+func (h recordHeap) Len() int           { return len(h) }
+func (h recordHeap) Less(i, j int) bool { return byTimeThenSeq(h[i], h[j]) < 0 }
+func (h recordHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *recordHeap) Push(x any)        { *h = append(*h, x.(matchedRecord)) }
+func (h *recordHeap) Pop() any {
+	old := *h
+	r := old[len(old)-1]
+	old[len(old)-1] = matchedRecord{} // hold no record's bytes
+	*h = old[:len(old)-1]
+	return r
 }
 
 // match reports whether line passes q, and its time. It reads the top-level "level",
@@ -206,22 +228,29 @@ func (s *store) query(ctx context.Context, q logQuery) (logsResponse, error) {
 			}
 			return logsResponse{}, fmt.Errorf("%w: %s", errUnknownWorker, id)
 		}
-		var recent []matchedRecord // the last matches in file order, oldest first
-		head, held := 0, 0         // recent[head:] are kept; held counts their bytes
+		// The most recent matches by record time, not by place in the file (an old
+		// agent process's last flush can land after its successor's records): a heap
+		// whose top is the oldest kept, dropped while over limit or maxBytes.
+		var (
+			recent recordHeap
+			held   int       // bytes of the records kept
+			last   time.Time // of the match before: a record without a time keeps its place after it
+			seq    int       // file order, for records of equal time
+		)
 		err = w.scan(ctx, func(line []byte) {
 			t, ok := q.match(line)
 			if !ok {
 				return
 			}
-			recent = append(recent, matchedRecord{raw: json.RawMessage(slices.Clone(line)), time: t})
-			held += len(line)
-			for len(recent)-head > 1 && (len(recent)-head > q.limit || held > q.maxBytes) {
-				held -= len(recent[head].raw)
-				recent[head] = matchedRecord{}
-				head, truncated = head+1, true
+			if t.IsZero() {
+				t = last
 			}
-			if head > len(recent)/2 && head >= 1024 { // reuse the front instead of growing
-				recent, head = append(recent[:0], recent[head:]...), 0
+			last, seq = t, seq+1
+			heap.Push(&recent, matchedRecord{raw: json.RawMessage(slices.Clone(line)), time: t, seq: seq})
+			held += len(line)
+			for len(recent) > 1 && (len(recent) > q.limit || held > q.maxBytes) {
+				held -= len(heap.Pop(&recent).(matchedRecord).raw)
+				truncated = true
 			}
 		})
 		if err != nil {
@@ -234,14 +263,14 @@ func (s *store) query(ctx context.Context, q logQuery) (logsResponse, error) {
 			}
 			return logsResponse{}, err
 		}
-		ring := recent[head:]
+		ring := []matchedRecord(recent)
+		slices.SortFunc(ring, byTimeThenSeq)
 		if len(ids) == 1 {
 			all = ring
 			break
 		}
 		// Merge as we go and keep only the last limit: holding limit records of every
 		// worker would grow with the number of workers ever seen.
-		slices.SortStableFunc(ring, byTime)
 		all = mergeByTime(all, ring)
 		all = keepLast(all, q, &truncated)
 	}

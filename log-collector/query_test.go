@@ -318,3 +318,46 @@ func TestLogsQueryBytesAreBounded(t *testing.T) {
 		}
 	}
 }
+
+// "The most recent limit records, oldest first" is by record time, not by place in the
+// file: an old agent process's last flush can land after its successor's records (or
+// a backlog be resent after an outage). A record without a time keeps its place after
+// the one before it in the file (TestLogsQuery's last record).
+func TestLogsQueryMostRecentIsByRecordTime(t *testing.T) {
+	t.Parallel()
+	r := startCollector(t, Config{})
+	base := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	rec := func(sec int) string {
+		return fmt.Sprintf(`{"level":"info","sec":%d,"time":%q}`, sec, base.Add(time.Duration(sec)*time.Second).Format(time.RFC3339Nano))
+	}
+	newer, _ := connect(t, r.ingestURL(), "w1", "new-process")
+	newer.batch(1, 0, rec(10), rec(11))
+	older, _ := connect(t, r.ingestURL(), "w1", "old-process") // its last flush arrives late
+	older.batch(1, 0, rec(5))
+
+	secs := func(query string) []int {
+		code, body := r.get("/logs?" + query)
+		if code != 200 {
+			t.Fatalf("%s: %d %s", query, code, body)
+		}
+		var resp struct {
+			Records []struct {
+				Sec int `json:"sec"`
+			} `json:"records"`
+		}
+		if err := json.Unmarshal(body, &resp); err != nil {
+			t.Fatal(err)
+		}
+		var out []int
+		for _, rec := range resp.Records {
+			out = append(out, rec.Sec)
+		}
+		return out
+	}
+	if got := secs("worker=w1"); fmt.Sprint(got) != "[5 10 11]" {
+		t.Errorf("worker=w1: seconds %v, want oldest first [5 10 11]", got)
+	}
+	if got := secs("worker=w1&limit=1"); fmt.Sprint(got) != "[11]" {
+		t.Errorf("worker=w1&limit=1: seconds %v, want the most recent record [11]", got)
+	}
+}
