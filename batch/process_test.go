@@ -129,11 +129,13 @@ func TestBadFlagValueExits2(t *testing.T) {
 	bin := buildBatch(t)
 	f := newFakeDispatcher(t, nil)
 	cfg := setup(t, f, taskLines(1))
-	out, err := exec.Command(bin, "--dispatcher", f.srv.URL, "--input", cfg.Input, "--output", cfg.Output,
-		"--order", "random", "--progress", "false").CombinedOutput()
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.ExitCode() != 2 {
-		t.Errorf("--order random: %v, want exit status 2\n%s", err, out)
+	for _, bad := range [][]string{{"--order", "random"}, {"--log-level", ""}} {
+		args := append([]string{"--dispatcher", f.srv.URL, "--input", cfg.Input, "--output", cfg.Output, "--progress", "false"}, bad...)
+		out, err := exec.Command(bin, args...).CombinedOutput()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+			t.Errorf("%q: %v, want exit status 2\n%s", bad, err, out)
+		}
 	}
 }
 

@@ -81,6 +81,9 @@ func run() (int, error) {
 	}
 	cfg.Order = batch.Order(*order)
 	level, err := zerolog.ParseLevel(*logLevel)
+	if err == nil && level == zerolog.NoLevel { // "": every record filtered out, silently
+		err = errors.New("empty; want trace, debug, info, warn, error, fatal, panic or disabled")
+	}
 	if err != nil {
 		return 2, fmt.Errorf("--log-level: %w", err)
 	}

@@ -115,6 +115,9 @@ func run(args []string) error {
 		return usageError{err}
 	}
 	level, err := zerolog.ParseLevel(*logLevel)
+	if err == nil && level == zerolog.NoLevel { // "": every record filtered out, silently
+		err = errors.New("empty; want trace, debug, info, warn, error, fatal, panic or disabled")
+	}
 	if err != nil {
 		return usageError{fmt.Errorf("--log-level: %w", err)}
 	}

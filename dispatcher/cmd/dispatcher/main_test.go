@@ -112,6 +112,7 @@ func TestBadConfigurationExitsTwo(t *testing.T) {
 		{[]string{"--no-such-flag"}, 2},
 		{[]string{"--max-queued", "0"}, 2},
 		{[]string{"--log-level", "loud"}, 2},
+		{[]string{"--log-level", ""}, 2}, // NoLevel: the log silently off
 		{[]string{"--memory-limit-ratio", "2"}, 2},
 		{[]string{"--max-attempts", "-1"}, 2},                                     // dispatcher.New's validation
 		{[]string{"--max-frame-bytes", "4096"}, 2},                                // below a result's floor

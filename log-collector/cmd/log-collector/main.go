@@ -114,6 +114,9 @@ func run(args []string) error {
 		return usageError{fmt.Errorf("--ingest-token (INGEST_TOKEN) %q holds no token; leave it unset to take streams without credentials", *ingestTokens)}
 	}
 	level, err := zerolog.ParseLevel(*logLevel)
+	if err == nil && level == zerolog.NoLevel { // "": every record filtered out, silently
+		err = errors.New("empty; want trace, debug, info, warn, error, fatal, panic or disabled")
+	}
 	if err != nil {
 		return usageError{fmt.Errorf("--log-level: %w", err)}
 	}

@@ -24,6 +24,7 @@ func TestBadConfigurationExitsTwo(t *testing.T) {
 		{[]string{"--ingest-token", " , "}, 2},
 		{[]string{"--ingest-token", " "}, 2},
 		{[]string{"--log-level", "loud"}, 2},
+		{[]string{"--log-level", ""}, 2}, // NoLevel: the log silently off
 		{[]string{"stray"}, 2},
 		{[]string{"--tls-cert", "/nonexistent.pem", "--tls-key", "/nonexistent.key"}, 2}, // New's config check
 		{[]string{"--addr", busy.Addr().String()}, 1},
