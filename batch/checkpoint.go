@@ -35,6 +35,57 @@ type checkpoint struct {
 	// refused instead of seeking it to this job's offset. Empty in older checkpoints.
 	InputHead      string `json:"input_head,omitempty"`
 	InputHeadBytes int64  `json:"input_head_bytes,omitempty"`
+	// Output and Rejected are the files' absolute paths: a resume that names another
+	// file would cut that one back to the sizes above. Shape is what turns a line into
+	// a task: a resume that reads lines otherwise would send other tasks under the ids
+	// the first run used, which the dispatcher answers with those runs' results. All
+	// empty in older checkpoints, which are resumed unchecked.
+	Output   string     `json:"output,omitempty"`
+	Rejected string     `json:"rejected,omitempty"`
+	Shape    *taskShape `json:"task_shape,omitempty"`
+}
+
+// taskShape is the configuration that makes tasks of input lines.
+type taskShape struct {
+	LabelField      string `json:"label_field"`
+	TaskTypeField   string `json:"task_type_field"`
+	ParametersField string `json:"parameters_field"`
+	IDField         string `json:"id_field"`
+	DefaultTaskType string `json:"default_task_type"`
+}
+
+func shapeOf(c Config) *taskShape {
+	return &taskShape{c.Fields.Label, c.Fields.TaskType, c.Fields.Parameters, c.Fields.ID, c.DefaultTaskType}
+}
+
+// differs names the settings of s that other does not share, as flags.
+func (s *taskShape) differs(other *taskShape) []string {
+	var out []string
+	for _, f := range []struct {
+		flag string
+		a, b string
+	}{
+		{"--label-field", s.LabelField, other.LabelField}, {"--task-type-field", s.TaskTypeField, other.TaskTypeField},
+		{"--parameters-field", s.ParametersField, other.ParametersField}, {"--id-field", s.IDField, other.IDField},
+		{"--default-task-type", s.DefaultTaskType, other.DefaultTaskType},
+	} {
+		if f.a != f.b {
+			out = append(out, fmt.Sprintf("%s %q (was %q)", f.flag, f.b, f.a))
+		}
+	}
+	return out
+}
+
+// samePath says whether the checkpoint's path recorded and the path given now name one
+// file: the same absolute path, or, both existing, the same file by another name.
+func samePath(recorded, given string) bool {
+	abs, err := filepath.Abs(given)
+	if err == nil && abs == recorded {
+		return true
+	}
+	a, errA := os.Stat(recorded)
+	b, errB := os.Stat(given)
+	return errA == nil && errB == nil && os.SameFile(a, b)
 }
 
 // inputHeadBytes is how much of the input its fingerprint covers: enough to tell two

@@ -210,6 +210,26 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 	return s, err
 }
 
+// checkResume refuses to resume cp with files or a reading of lines other than the
+// job's that wrote it.
+func (j *job) checkResume(cp checkpoint) error {
+	for _, f := range []struct{ flag, recorded, given string }{
+		{"--output", cp.Output, j.cfg.Output}, {"--rejected", cp.Rejected, j.cfg.Rejected},
+	} {
+		if f.recorded != "" && !samePath(f.recorded, f.given) {
+			return fmt.Errorf("checkpoint %s belongs to the job that wrote %s, not %s (%s): resuming would cut that file back; give the same %s, or another --checkpoint",
+				j.cfg.Checkpoint, f.recorded, f.given, f.flag, f.flag)
+		}
+	}
+	if cp.Shape != nil {
+		if d := cp.Shape.differs(shapeOf(j.cfg)); len(d) > 0 {
+			return fmt.Errorf("checkpoint %s: this run reads lines otherwise than the job it resumes (%s): its tasks would reuse that job's task ids, which the dispatcher answers with the earlier tasks' results; give the same settings, or remove %s, %s and %s to start over",
+				j.cfg.Checkpoint, strings.Join(d, ", "), j.cfg.Output, j.cfg.Rejected, j.cfg.Checkpoint)
+		}
+	}
+	return nil
+}
+
 // open reads the checkpoint (writing a fresh one for a new job), cuts the output and
 // rejected files back to what it records, and seeks the input.
 func (j *job) open() error {
@@ -235,9 +255,15 @@ func (j *job) open() error {
 		return fmt.Errorf("input: %w", err)
 	}
 	if !ok {
-		cp = checkpoint{JobID: newJobID(), InputHeadBytes: min(fi.Size(), inputHeadBytes)}
+		cp = checkpoint{JobID: newJobID(), InputHeadBytes: min(fi.Size(), inputHeadBytes), Shape: shapeOf(j.cfg)}
 		if cp.InputHead, err = inputHead(j.in, cp.InputHeadBytes); err != nil {
 			return fmt.Errorf("input: %w", err)
+		}
+		if cp.Output, err = filepath.Abs(j.cfg.Output); err != nil {
+			return fmt.Errorf("output: %w", err)
+		}
+		if cp.Rejected, err = filepath.Abs(j.cfg.Rejected); err != nil {
+			return fmt.Errorf("rejected: %w", err)
 		}
 		// The checkpoint comes first: from now on the files are ours to truncate.
 		if err := cp.save(j.cfg.Checkpoint, j.cfg.syncDir); err != nil {
@@ -247,6 +273,11 @@ func (j *job) open() error {
 	j.cp, j.written, j.jobID = cp, cp, cp.JobID
 	if fi.Size() < cp.InputOffset || fi.Size() < cp.InputHeadBytes {
 		return fmt.Errorf("input %s is %d bytes, shorter than when the job started (checkpoint %s): it is not the input this job ran on", j.cfg.Input, fi.Size(), j.cfg.Checkpoint)
+	}
+	if ok {
+		if err := j.checkResume(cp); err != nil {
+			return err
+		}
 	}
 	if ok && cp.InputHead != "" {
 		head, err := inputHead(j.in, cp.InputHeadBytes)

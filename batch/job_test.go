@@ -3,6 +3,7 @@ package batch
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -1154,5 +1155,71 @@ func TestInterruptedSummaryCountsOnlyWrittenLines(t *testing.T) {
 	checkOutput(t, cfg.Output, 2)
 	if got := first.s.Completed + second.Completed; got != 2 {
 		t.Errorf("the two runs report %d completed lines for a 2-line input", got)
+	}
+}
+
+// A resume names the files the checkpoint was written for: with another --rejected it
+// cut that file back to the checkpoint's RejectedSize, destroying an unrelated file.
+func TestResumeWithAnotherRejectedFileIsRefused(t *testing.T) {
+	t.Parallel()
+	f := newFakeDispatcher(t, nil)
+	cfg := setup(t, f, taskLines(3))
+	run(t, cfg) // done; nothing rejected, so the checkpoint's RejectedSize is 0
+
+	other := filepath.Join(filepath.Dir(cfg.Output), "errors.log")
+	const keep = "another job's rejected lines\n"
+	if err := os.WriteFile(other, []byte(keep), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Rejected = other
+	_, err := Run(context.Background(), cfg)
+	if err == nil || !strings.Contains(err.Error(), "--rejected") {
+		t.Errorf("resume with another --rejected: %v, want it refused naming --rejected", err)
+	}
+	if b, _ := os.ReadFile(other); string(b) != keep {
+		t.Errorf("resume with --rejected %s changed that file to %q", other, b)
+	}
+}
+
+// A resume reads lines as the job it resumes did: with another label field it sent
+// the same line as another task under the same task id, which the dispatcher answers
+// with the first run's task (in flight, or its kept answer).
+func TestResumeWithAnotherLabelFieldIsRefused(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	f := newFakeDispatcher(t, func(ctx context.Context, _ runTaskBody, line, nth int) (int, string) {
+		if line == 1 && nth == 1 {
+			select { // in flight when the first run is interrupted
+			case <-release:
+			case <-ctx.Done():
+			}
+		}
+		return http.StatusOK, ""
+	})
+	lines := []string{`{"id":1,"label":"label-a","model":"label-b","task_type":"sample_task","parameters":{"n":1}}`}
+	cfg := setup(t, f, lines)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { _, err := Run(ctx, cfg); done <- err }()
+	select {
+	case <-f.arrivedCh:
+	case <-time.After(20 * time.Second):
+		t.Fatal("line 1 not issued")
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("first run: %v", err)
+	}
+	close(release)
+
+	cfg.Fields.Label = "model"
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel2()
+	_, err := Run(ctx2, cfg)
+	if err == nil || !strings.Contains(err.Error(), `--label-field "model" (was "label")`) {
+		t.Errorf("resume with another --label-field: %v, want it refused naming the setting", err)
+	}
+	if reqs := f.requests(1); len(reqs) != 1 {
+		t.Errorf("line 1 sent %d times, want once (by the first run only)", len(reqs))
 	}
 }
