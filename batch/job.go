@@ -194,7 +194,9 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 		err = cerr
 	}
 	if j.bar != nil {
-		_ = j.bar.Finish()
+		if err == nil {
+			_ = j.bar.Finish() // Finish fills the bar: only for a job that wrote every line
+		}
 		fmt.Fprintln(cfg.Progress)
 	}
 	s := Summary{
@@ -662,7 +664,7 @@ func (j *job) post(ctx context.Context, body []byte) (int, []byte, time.Duration
 func retryAfter(v string, now time.Time) time.Duration {
 	var d time.Duration
 	if s, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
-		d = time.Duration(s) * time.Second
+		d = time.Duration(min(s, 300)) * time.Second // bounded before the product overflows
 	} else if t, err := http.ParseTime(v); err == nil {
 		d = t.Sub(now)
 	}

@@ -652,6 +652,8 @@ func TestRetryAfterHeader(t *testing.T) {
 	}{
 		{"", 0}, {"2", 2 * time.Second}, {" 3 ", 3 * time.Second}, {"-4", 0}, {"soon", 0},
 		{"86400", 5 * time.Minute},
+		// Bounded before seconds become a Duration: the product overflowed to 0 or less.
+		{"10000000000", 5 * time.Minute}, {"18446744074", 5 * time.Minute},
 		{now.Add(30 * time.Second).Format(http.TimeFormat), 30 * time.Second},
 		{now.Add(-time.Hour).Format(http.TimeFormat), 0},
 	} {
@@ -1221,5 +1223,35 @@ func TestResumeWithAnotherLabelFieldIsRefused(t *testing.T) {
 	}
 	if reqs := f.requests(1); len(reqs) != 1 {
 		t.Errorf("line 1 sent %d times, want once (by the first run only)", len(reqs))
+	}
+}
+
+// An interrupted job (or one stopped by an error) ended its progress bar with Finish,
+// which fills the bar: the operator saw 5/5 (100%) for a job that wrote one line of five.
+func TestInterruptedProgressBarShowsWhatWasWritten(t *testing.T) {
+	t.Parallel()
+	f := newFakeDispatcher(t, func(ctx context.Context, _ runTaskBody, line, _ int) (int, string) {
+		if line > 1 {
+			<-ctx.Done()
+		}
+		return http.StatusOK, ""
+	})
+	cfg := setup(t, f, taskLines(5))
+	cfg.Order, cfg.Concurrency = OrderFile, 1
+	var bar syncBuffer
+	cfg.Progress = &bar
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { _, err := Run(ctx, cfg); done <- err }()
+	<-f.answeredCh // line 1 answered
+	<-f.arrivedCh
+	<-f.arrivedCh // line 2 issued: line 1's answer was taken and written
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run: %v", err)
+	}
+	cp, _, _ := loadCheckpoint(cfg.Output + ".checkpoint")
+	if out := bar.String(); strings.Contains(out, "5/5") || strings.Contains(out, "100%") {
+		t.Errorf("interrupted after %d of 5 lines, the progress bar ends with %q", cp.Lines, out[max(0, len(out)-120):])
 	}
 }
