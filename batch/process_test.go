@@ -129,7 +129,8 @@ func TestBadFlagValueExits2(t *testing.T) {
 	bin := buildBatch(t)
 	f := newFakeDispatcher(t, nil)
 	cfg := setup(t, f, taskLines(1))
-	for _, bad := range [][]string{{"--order", "random"}, {"--log-level", ""}} {
+	for _, bad := range [][]string{{"--order", "random"}, {"--log-level", ""},
+		{"--max-attempts", "0"}, {"--retry-delay", "0s"}, {"--concurrency", "0"}, {"--checkpoint-interval", "0s"}} {
 		args := append([]string{"--dispatcher", f.srv.URL, "--input", cfg.Input, "--output", cfg.Output, "--progress", "false"}, bad...)
 		out, err := exec.Command(bin, args...).CombinedOutput()
 		var ee *exec.ExitError

@@ -80,6 +80,25 @@ func run() (int, error) {
 		return 2, err
 	}
 	cfg.Order = batch.Order(*order)
+	// In Config zero means the default; typed on the command line (or in the
+	// environment) it is a mistake: --max-attempts 0 ran three attempts, --retry-delay 0
+	// waited a second. --lookahead documents 0 as its default.
+	var zeros []string
+	for _, f := range []struct {
+		name string
+		zero bool
+	}{
+		{"concurrency", cfg.Concurrency == 0}, {"work-timeout", cfg.WorkTimeout == 0}, {"max-attempts", cfg.MaxAttempts == 0},
+		{"retry-delay", cfg.RetryDelay == 0}, {"labels-at-once", cfg.LabelsAtOnce == 0}, {"max-out-of-order", cfg.MaxOutOfOrder == 0},
+		{"max-window-bytes", cfg.MaxWindowBytes == 0}, {"max-line-bytes", cfg.MaxLineBytes == 0}, {"checkpoint-interval", cfg.CheckpointInterval == 0},
+	} {
+		if f.zero {
+			zeros = append(zeros, "--"+f.name)
+		}
+	}
+	if len(zeros) > 0 {
+		return 2, fmt.Errorf("%s must be more than 0 (leave a flag out for its default)", strings.Join(zeros, ", "))
+	}
 	level, err := zerolog.ParseLevel(*logLevel)
 	if err == nil && level == zerolog.NoLevel { // "": every record filtered out, silently
 		err = errors.New("empty; want trace, debug, info, warn, error, fatal, panic or disabled")
