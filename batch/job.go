@@ -388,17 +388,12 @@ func (j *job) loop(ctx context.Context) error {
 		select {
 		case r := <-j.results:
 			j.handle(r)
-			for drained := false; !drained; { // take every report ready before deciding again
-				select {
-				case r := <-j.results:
-					j.handle(r)
-				default:
-					drained = true
-				}
-			}
+			j.drainResults() // take every report ready before deciding again
 		case now := <-timer.C:
+			j.drainResults() // an answer in hand is not timed out
 			j.expire(now)
 		case <-j.timeoutChanged:
+			j.drainResults()
 			j.expire(time.Now())
 		case <-cpTick.C:
 			if err := j.checkpoint(); err != nil {
@@ -406,6 +401,18 @@ func (j *job) loop(ctx context.Context) error {
 			}
 		case <-ctx.Done():
 			return j.stop(ctx.Err())
+		}
+	}
+}
+
+// drainResults handles every report that is ready, without waiting.
+func (j *job) drainResults() {
+	for {
+		select {
+		case r := <-j.results:
+			j.handle(r)
+		default:
+			return
 		}
 	}
 }
