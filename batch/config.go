@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -98,6 +99,8 @@ type Config struct {
 	// syncDir fsyncs a directory (tests record the calls; a power cut cannot be
 	// simulated). Nil: the real one.
 	syncDir func(dir string) error
+	// syncFile fsyncs the output or rejected file (tests fail it). Nil: f.Sync.
+	syncFile func(f *os.File) error
 }
 
 // WithDefaults returns c with every zero field set to its default.
@@ -141,6 +144,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.CheckpointInterval == 0 {
 		c.CheckpointInterval = time.Second
+	}
+	if c.syncFile == nil {
+		c.syncFile = (*os.File).Sync
 	}
 	if c.syncDir == nil {
 		c.syncDir = syncDir

@@ -116,6 +116,7 @@ type job struct {
 	inflight  map[*item]struct{}
 	running   int // attempt goroutines alive (bounded by Concurrency)
 	results   chan report
+	syncErr   error     // a failed fsync of the output or rejected file: no checkpoint after it
 	pauseTill time.Time // after "no answer" from the dispatcher: issue nothing until then
 	pausing   bool
 	bo        *backoff.ExponentialBackOff
@@ -901,6 +902,9 @@ func (j *job) flush() error {
 // checkpoint makes the written lines durable, then records them: output and rejected
 // flushed and fsynced first, so the checkpoint never counts bytes a crash could lose.
 func (j *job) checkpoint() error {
+	if j.syncErr != nil {
+		return j.syncErr
+	}
 	if j.written == j.cp {
 		return nil
 	}
@@ -911,8 +915,11 @@ func (j *job) checkpoint() error {
 		if err := w.b.Flush(); err != nil {
 			return fmt.Errorf("writing %s: %w", w.f.Name(), err)
 		}
-		if err := w.f.Sync(); err != nil {
-			return fmt.Errorf("syncing %s: %w", w.f.Name(), err)
+		if err := j.cfg.syncFile(w.f); err != nil {
+			// Sticky: after a failed fsync the kernel may have dropped the dirty pages
+			// and a second fsync succeeds, so no later checkpoint may count them.
+			j.syncErr = fmt.Errorf("syncing %s: %w", w.f.Name(), err)
+			return j.syncErr
 		}
 	}
 	if err := j.written.save(j.cfg.Checkpoint, j.cfg.syncDir); err != nil {

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -1253,5 +1254,35 @@ func TestInterruptedProgressBarShowsWhatWasWritten(t *testing.T) {
 	cp, _, _ := loadCheckpoint(cfg.Output + ".checkpoint")
 	if out := bar.String(); strings.Contains(out, "5/5") || strings.Contains(out, "100%") {
 		t.Errorf("interrupted after %d of 5 lines, the progress bar ends with %q", cp.Lines, out[max(0, len(out)-120):])
+	}
+}
+
+// A failed fsync of the output is sticky: no later checkpoint may count its lines. On
+// Linux a second fsync after a writeback error usually succeeds, the dirty pages gone:
+// the stop's checkpoint then recorded lines a power cut could have lost.
+func TestFailedSyncBlocksEveryLaterCheckpoint(t *testing.T) {
+	t.Parallel()
+	f := newFakeDispatcher(t, func(ctx context.Context, _ runTaskBody, line, _ int) (int, string) {
+		if line > 1 {
+			<-ctx.Done() // answered when the job lets go
+		}
+		return http.StatusOK, ""
+	})
+	cfg := setup(t, f, taskLines(3))
+	cfg.Order, cfg.Concurrency, cfg.CheckpointInterval = OrderFile, 1, 5*time.Millisecond
+	var syncs atomic.Int32
+	cfg.syncFile = func(f *os.File) error {
+		if syncs.Add(1) == 1 {
+			return errors.New("input/output error")
+		}
+		return f.Sync()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := Run(ctx, cfg); err == nil || !strings.Contains(err.Error(), "input/output error") {
+		t.Fatalf("Run = %v, want the fsync's error", err)
+	}
+	if cp, _, _ := loadCheckpoint(cfg.Output + ".checkpoint"); cp.Lines != 0 {
+		t.Errorf("after a failed fsync the checkpoint counts %d lines, want none (only the fresh job's)", cp.Lines)
 	}
 }
