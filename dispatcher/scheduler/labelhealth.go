@@ -71,6 +71,14 @@ func (s *Scheduler) LoadFailed(workerID string, t *Task, loadError string) (*Out
 		s.fill(w)
 		return out, nil
 	}
+	// A deadline passed during the failed load wins, as in failSpent: the producer ran
+	// out of time, whatever else happened.
+	if !t.Deadline.IsZero() && !t.Deadline.After(s.now) {
+		t.state = stateDone
+		out.Failed = append(out.Failed, Failure{Task: t, Reason: FailDeadline})
+		s.fill(w)
+		return out, nil
+	}
 	if t.Attempt >= s.cfg.MaxAttempts {
 		t.state = stateDone
 		out.Failed = append(out.Failed, Failure{Task: t, Reason: FailLoad, LoadError: loadError})
@@ -128,14 +136,14 @@ func (s *Scheduler) anyWorkerMayTake(t *Task) bool {
 }
 
 // failExcluded fails the queued tasks that failed to load on every connected worker
-// that could take them, with their last load error, and forgets the entries of tasks
-// no longer queued.
-func (s *Scheduler) failExcluded() {
+// that could take them, with their last load error (with fail false it only looks),
+// and forgets the entries of tasks no longer queued.
+func (s *Scheduler) failExcluded(fail bool) {
 	keep := s.excludedQueued[:0]
 	for _, e := range s.excludedQueued {
 		switch {
 		case e.t.state != stateQueued: // assigned or finished since
-		case s.anyWorkerMayTake(e.t):
+		case !fail || s.anyWorkerMayTake(e.t):
 			keep = append(keep, e)
 		default:
 			s.unqueue(e.t)

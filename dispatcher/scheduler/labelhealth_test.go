@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"fmt"
 	"testing"
 	"time"
 )
@@ -307,4 +308,71 @@ func TestTaskExcludedFromEveryWorkerFailsWithTheLoadError(t *testing.T) {
 			t.Fatalf("running on a new worker: %+v, want it left alone", out.Failed)
 		}
 	})
+}
+
+// A task whose deadline passed during a load that then failed, with nowhere else to go
+// (every connected worker tried), fails as late (504), not FailLoad (502): a passed
+// deadline wins whatever else happened, as in failSpent.
+func TestDeadlinePassedDuringAFailedLoadFailsAsLate(t *testing.T) {
+	b := setup(t, Config{LabelFailureThreshold: 10, FleetSettle: time.Second})
+	b.worker("w1", 1, 1)
+	b.clock.advance(2 * time.Second) // fleet settled
+	tk := b.task("a")
+	tk.Deadline = b.clock.now.Add(time.Second)
+	one(t, b.submit(tk))
+	b.clock.advance(5 * time.Second) // a slow load: the deadline passes during it
+	_, failed := b.loadFailed(tk, "out of memory")
+	if len(failed) != 1 || failed[0].Reason != FailDeadline {
+		t.Fatalf("deadline passed during the failed load: got %+v, want one FailDeadline", failed)
+	}
+}
+
+// The same on the last attempt (MaxAttempts).
+func TestDeadlinePassedDuringAFailedLastAttemptFailsAsLate(t *testing.T) {
+	b := setup(t, Config{LabelFailureThreshold: 10, MaxAttempts: 1})
+	b.worker("w1", 1, 1)
+	b.worker("w2", 1, 1)
+	tk := b.task("a")
+	tk.Deadline = b.clock.now.Add(time.Second)
+	one(t, b.submit(tk))
+	b.clock.advance(5 * time.Second)
+	_, failed := b.loadFailed(tk, "out of memory")
+	if len(failed) != 1 || failed[0].Reason != FailDeadline {
+		t.Fatalf("deadline passed during the failed last attempt: got %+v, want one FailDeadline", failed)
+	}
+}
+
+// excludedQueued forgets finished tasks at every Rebalance, not only at the sweep,
+// which waits for the fleet to settle: under churn (autoscaling, rolling restarts)
+// every task ever requeued after a failed load was kept, with its owner's record.
+func TestExcludedQueuedDoesNotGrowUnderFleetChurn(t *testing.T) {
+	b := setup(t, Config{LabelFailureThreshold: 1000, FleetSettle: 30 * time.Second})
+	b.worker("w1", 1, 1)
+	b.worker("w2", 1, 1)
+	for i := 0; i < 200; i++ {
+		tk := b.task(fmt.Sprintf("L%d", i))
+		one(t, b.submit(tk))
+		again, failed := b.loadFailedAs(tk, "out of memory", false) // fails on one worker...
+		if len(failed) != 0 || len(again) != 1 {
+			t.Fatalf("step %d: assigned %v failed %v", i, again, failed)
+		}
+		b.complete(tk, true) // ...and completes on the other
+		// Every 10 s a worker joins or leaves somewhere in the fleet.
+		b.clock.advance(10 * time.Second)
+		id := fmt.Sprintf("x%d", i)
+		b.worker(id, 1, 1)
+		b.s.Rebalance()
+		if i > 0 {
+			b.s.RemoveWorker(fmt.Sprintf("x%d", i-1))
+		}
+	}
+	if n := len(b.s.excludedQueued); n > 10 {
+		live := 0
+		for _, e := range b.s.excludedQueued {
+			if e.t.state == stateQueued {
+				live++
+			}
+		}
+		t.Fatalf("excludedQueued holds %d entries (%d of them queued) after 200 tasks that all completed", n, live)
+	}
 }

@@ -1078,6 +1078,11 @@ func mayLoad(w *worker, t *Task) bool {
 // evicted, and t loads there. Its other labels keep serving their queues (they are in
 // use anyway, so they do not delay it). The label is the one t's label is doomed as on
 // w (it must go first), else the one with the fewest running tasks, the soonest idle.
+// A label whose own queue holds an older task past its bound is not freed: that
+// would pass over the older for the younger; with no other label to free, w is not
+// reserved. (Refusing to free any label with an aged backlog, or to reserve for a label
+// that has a holder, made the 4-slot simulation with a tight bound worse: 582 misses
+// and 16.8 s mean latency against 298 and 6.6 s.)
 func (s *Scheduler) reserve(w *worker, t *Task) {
 	var freeing *heldLabel
 	for _, h := range w.held {
@@ -1085,9 +1090,15 @@ func (s *Scheduler) reserve(w *worker, t *Task) {
 			freeing = h
 			break
 		}
+		if head := h.state.queue.head; head != nil && head.seq < t.seq && s.passedOverTooLong(head) {
+			continue
+		}
 		if freeing == nil || h.inUse < freeing.inUse || (h.inUse == freeing.inUse && s.costOf(h).less(s.costOf(freeing))) {
 			freeing = h
 		}
+	}
+	if freeing == nil {
+		return
 	}
 	w.reservedFor, t.reservedOn, t.freeing = t, w, freeing.label
 }
@@ -1248,11 +1259,14 @@ func (s *Scheduler) Rebalance() *Outcome {
 // is not coming, to end in a 504 rather than the 503 a later submission gets at once.
 // It walks every label's state, but only once after a change that may leave tasks so.
 func (s *Scheduler) failUnloadable() {
+	if len(s.excludedQueued) > 0 {
+		s.failExcluded(false) // forget finished tasks' entries, settled or not
+	}
 	if !s.sweepUnloadable || len(s.workers) == 0 || s.now.Sub(s.fleetChanged) < s.cfg.FleetSettle {
 		return
 	}
 	s.sweepUnloadable = false
-	s.failExcluded()
+	s.failExcluded(true)
 	if s.anyLabel > 0 {
 		return
 	}
