@@ -87,23 +87,29 @@ func TestLogsQueryShowsRecordsWithOddFields(t *testing.T) {
 		{"worker=w3&level=warn", []string{"numeric event", "string event"}},
 		{"worker=w3&event=7", []string{"string event"}},
 	} {
-		code, body := r.get("/logs?" + tc.query)
-		var resp struct {
-			Records []struct {
-				Message string `json:"message"`
-			} `json:"records"`
-		}
-		if err := json.Unmarshal(body, &resp); code != 200 || err != nil {
-			t.Fatalf("%s: %d %s (%v)", tc.query, code, body, err)
-		}
-		var got []string
-		for _, rec := range resp.Records {
-			got = append(got, rec.Message)
-		}
-		if strings.Join(got, "|") != strings.Join(tc.want, "|") {
+		if got := r.messages(t, tc.query); strings.Join(got, "|") != strings.Join(tc.want, "|") {
 			t.Errorf("%s: got %q, want %q", tc.query, got, tc.want)
 		}
 	}
+}
+
+// messages runs GET /logs?query and returns the records' "message" fields, in order.
+func (r *running) messages(t *testing.T, query string) []string {
+	t.Helper()
+	code, body := r.get("/logs?" + query)
+	var resp struct {
+		Records []struct {
+			Message string `json:"message"`
+		} `json:"records"`
+	}
+	if err := json.Unmarshal(body, &resp); code != 200 || err != nil {
+		t.Fatalf("%s: %d %s (%v)", query, code, body, err)
+	}
+	var got []string
+	for _, rec := range resp.Records {
+		got = append(got, rec.Message)
+	}
+	return got
 }
 
 // The filters read "level", "event" and "time" spelt so, and a level only as one of
@@ -129,20 +135,7 @@ func TestLogsQueryFiltersOnTheDocumentedFieldsOnly(t *testing.T) {
 		{"worker=w4&level=error", []string{"real", "upper-case time"}},
 		{"worker=w4&until=2001-01-01T00:00:00Z", nil}, // no record has a "time"
 	} {
-		code, body := r.get("/logs?" + tc.query)
-		var resp struct {
-			Records []struct {
-				Message string `json:"message"`
-			} `json:"records"`
-		}
-		if err := json.Unmarshal(body, &resp); code != 200 || err != nil {
-			t.Fatalf("%s: %d %s (%v)", tc.query, code, body, err)
-		}
-		var got []string
-		for _, rec := range resp.Records {
-			got = append(got, rec.Message)
-		}
-		if strings.Join(got, "|") != strings.Join(tc.want, "|") {
+		if got := r.messages(t, tc.query); strings.Join(got, "|") != strings.Join(tc.want, "|") {
 			t.Errorf("%s: got %q, want %q", tc.query, got, tc.want)
 		}
 	}
