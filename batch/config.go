@@ -101,6 +101,9 @@ type Config struct {
 	syncDir func(dir string) error
 	// syncFile fsyncs the output or rejected file (tests fail it). Nil: f.Sync.
 	syncFile func(f *os.File) error
+	// maxAnswerBytes bounds the dispatcher's answer read for one line; a larger one
+	// rejects the line. Zero: 64 MiB (tests lower it).
+	maxAnswerBytes int64
 }
 
 // WithDefaults returns c with every zero field set to its default.
@@ -144,6 +147,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.CheckpointInterval == 0 {
 		c.CheckpointInterval = time.Second
+	}
+	if c.maxAnswerBytes == 0 {
+		c.maxAnswerBytes = 64 << 20
 	}
 	if c.syncFile == nil {
 		c.syncFile = (*os.File).Sync

@@ -660,12 +660,19 @@ func (j *job) post(ctx context.Context, body []byte) (int, []byte, time.Duration
 		return 0, nil, 0, err
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	b, err := io.ReadAll(io.LimitReader(resp.Body, j.cfg.maxAnswerBytes+1))
 	if err != nil {
 		return 0, nil, 0, err
 	}
+	if int64(len(b)) > j.cfg.maxAnswerBytes {
+		return resp.StatusCode, nil, 0, errAnswerTooLarge
+	}
 	return resp.StatusCode, b, retryAfter(resp.Header.Get("Retry-After"), time.Now()), nil
 }
+
+// errAnswerTooLarge: the dispatcher's answer for one line is over the bound the job
+// reads (a huge result). The line is rejected; the job goes on.
+var errAnswerTooLarge = errors.New("answer larger than the job reads")
 
 // retryAfter reads a Retry-After header (seconds or an HTTP date), bounded to five
 // minutes; zero when absent or unreadable.
@@ -699,6 +706,12 @@ func (j *job) handle(r report) {
 	delete(j.inflight, it)
 	it.cancel()
 	if r.err != nil {
+		if errors.Is(r.err, errAnswerTooLarge) {
+			// Read in part it is no answer; read again it is as large: the line's result
+			// cannot be had through the job.
+			j.reject(it, fmt.Sprintf("the dispatcher's answer (%d) is over %d bytes, more than the job reads", r.status, j.cfg.maxAnswerBytes))
+			return
+		}
 		if errors.Is(r.err, context.Canceled) {
 			j.retry = append(j.retry, it) // the job is stopping; keeps the books straight
 			return

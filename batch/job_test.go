@@ -1286,3 +1286,25 @@ func TestFailedSyncBlocksEveryLaterCheckpoint(t *testing.T) {
 		t.Errorf("after a failed fsync the checkpoint counts %d lines, want none (only the fresh job's)", cp.Lines)
 	}
 }
+
+// An answer over the bound the job reads (a huge result) rejects its line and the job
+// goes on: read in part it failed to parse, and a 200 that is no task's answer stopped
+// the whole job.
+func TestAnswerTooLargeRejectsItsLine(t *testing.T) {
+	t.Parallel()
+	f := newFakeDispatcher(t, func(_ context.Context, req runTaskBody, line, _ int) (int, string) {
+		if line == 2 {
+			return http.StatusOK, `{"task_id":"` + req.TaskID + `","status":"completed","result":"` + strings.Repeat("x", 4096) + `"}`
+		}
+		return http.StatusOK, ""
+	})
+	cfg := setup(t, f, taskLines(3))
+	cfg.maxAnswerBytes = 2048
+	s := run(t, cfg)
+	if s.Completed != 2 || s.Rejected != 1 {
+		t.Fatalf("completed %d, rejected %d; want 2 and line 2 rejected", s.Completed, s.Rejected)
+	}
+	if got := readLines(t, cfg.Output+".rejected.jsonl"); len(got) != 1 || !strings.Contains(got[0], "more than the job reads") {
+		t.Errorf("rejected file %q", got)
+	}
+}
