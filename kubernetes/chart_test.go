@@ -718,7 +718,12 @@ func checkDashboard(t *testing.T, cm *corev1.ConfigMap) {
 		t.Errorf("dashboard ConfigMap labels %v lack the sidecar's grafana_dashboard", cm.Labels)
 	}
 	var dash struct {
-		UID    string `json:"uid"`
+		UID        string `json:"uid"`
+		Templating struct {
+			List []struct {
+				Name string `json:"name"`
+			} `json:"list"`
+		} `json:"templating"`
 		Panels []struct {
 			Title   string `json:"title"`
 			Targets []struct {
@@ -745,11 +750,25 @@ func checkDashboard(t *testing.T, cm *corev1.ConfigMap) {
 			}
 		}
 	}
+	// One release's series only: one Prometheus often scrapes installs in several
+	// namespaces (staging and production), and unfiltered sums added them up.
+	if !slices.ContainsFunc(dash.Templating.List, func(v struct {
+		Name string `json:"name"`
+	}) bool {
+		return v.Name == "namespace"
+	}) {
+		t.Error("dashboard has no namespace variable")
+	}
+	for _, e := range exprs {
+		if n, m := strings.Count(e, `namespace=~"$namespace"`), len(metricName.FindAllString(e, -1)); n != m {
+			t.Errorf("dashboard query %q: %d of its %d series selected by namespace", e, n, m)
+		}
+	}
 	all := strings.Join(exprs, "\n")
 	for _, want := range []string{
 		"smartroute_dispatcher_label_hits_total", "smartroute_dispatcher_label_loads_total", // hit rate, loads per label
 		"histogram_quantile(0.99, sum by (le) (rate(smartroute_dispatcher_task_duration_seconds_bucket",
-		"smartroute_dispatcher_queued_tasks_total", "sum by (label) (smartroute_dispatcher_queued_tasks)",
+		"smartroute_dispatcher_queued_tasks_total", `sum by (label) (smartroute_dispatcher_queued_tasks{namespace=~"$namespace"})`,
 	} {
 		if !strings.Contains(all, want) {
 			t.Errorf("dashboard has no query containing %q", want)
