@@ -243,6 +243,13 @@ func (c *Collector) serveStream(ic *ingestConn) error {
 		}
 		w.mu.Lock()
 	}
+	// The welcome tells the agent what it may forget: only what a power cut keeps.
+	if err := w.settle(); err != nil {
+		w.mu.Unlock()
+		c.log.Error().Str("worker_id", ic.worker).Err(err).Msg("cannot make the worker's log state durable")
+		c.met.writeErrs.Inc()
+		return &streamError{code: websocket.CloseInternalServerErr, reason: "cannot make the worker's log state durable"}
+	}
 	// A new run of the agent starts its sequence numbers again; a stream this one
 	// replaced takes up where it stood.
 	w.state.switchStream(hello.GetStreamId())
@@ -425,6 +432,13 @@ func (c *Collector) writeBatch(w *workerLog, ic *ingestConn, b *pb.LogBatch) (ui
 	}
 	last := w.state.LastSeq
 	if seq <= last {
+		// Written before; acknowledged only once that write is durable (a failed
+		// directory fsync after state.json's rename may have left it unvouched for).
+		if err := w.settle(); err != nil {
+			c.log.Error().Str("worker_id", ic.worker).Err(err).Uint64("seq", seq).Msg("cannot make a log batch durable")
+			c.met.writeErrs.Inc()
+			return 0, &streamError{code: websocket.CloseInternalServerErr, reason: "cannot write the batch"}
+		}
 		if e := c.log.Debug(); e.Enabled() {
 			e.Str("worker_id", ic.worker).Uint64("seq", seq).Uint64("last_seq", last).Msg("duplicate batch acknowledged, not written")
 		}

@@ -256,6 +256,26 @@ type workerLog struct {
 	// stateOnDisk: state.json exists. Until it does, a restart would take every byte
 	// in the files as acknowledged, so appendBatch writes it before the first batch.
 	stateOnDisk bool
+	// dirUnsynced: state.json was renamed into place but the directory's fsync failed,
+	// so a power cut could still bring the old one back. Until a directory fsync
+	// works, nothing up to state.LastSeq is vouched for (settle).
+	dirUnsynced bool
+	// syncDir fsyncs the worker's directory; a test may fail it.
+	syncDir func(dir string) error
+}
+
+// settle makes state.json's last rename durable if its directory fsync failed, so
+// that the acknowledged seq (a duplicate's ack, a welcome) is one a power cut keeps.
+// The caller holds w.mu.
+func (w *workerLog) settle() error {
+	if !w.dirUnsynced {
+		return nil
+	}
+	if err := w.syncDir(w.dir); err != nil {
+		return fmt.Errorf("state: %w", err)
+	}
+	w.dirUnsynced = false
+	return nil
 }
 
 // escapeWorkerID makes a worker id safe as a directory name.
@@ -357,7 +377,7 @@ func openWorker(dir, id string, create bool) (*workerLog, error) {
 			return nil, err
 		}
 	}
-	w := &workerLog{id: id, dir: dir}
+	w := &workerLog{id: id, dir: dir, syncDir: syncDir}
 	entries, err := os.ReadDir(dir)
 	if !create && errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
@@ -437,7 +457,7 @@ func (w *workerLog) appendBatch(data []byte, seq, dropped uint64, maxFileBytes i
 		// A new worker (or one whose state was removed): record where its files end
 		// before adding to them, so that a crash before this batch's state is written
 		// cuts the batch off on restart instead of keeping it unacknowledged.
-		if err := writeState(w.dir, w.state); err != nil {
+		if _, err := writeStateRenamed(w.dir, w.state, w.syncDir); err != nil {
 			return fmt.Errorf("state: %w", err)
 		}
 		w.stateOnDisk = true
@@ -477,18 +497,21 @@ func (w *workerLog) appendBatch(data []byte, seq, dropped uint64, maxFileBytes i
 	}
 	next := w.state
 	next.LastSeq, next.Dropped, next.Size = seq, max(dropped, w.state.Dropped), w.state.Size+int64(len(data))
-	if renamed, err := writeStateRenamed(w.dir, next); err != nil {
+	if renamed, err := writeStateRenamed(w.dir, next, w.syncDir); err != nil {
 		if renamed {
 			// state.json may already name this batch (only the directory's fsync
 			// failed): cutting the data off would lose it after a restart. Keep both;
-			// the batch is not acknowledged, and its resend is taken as a duplicate.
+			// the batch is not acknowledged, and its resend is taken as a duplicate,
+			// acknowledged only once the directory's fsync works (settle).
 			w.state = next
+			w.dirUnsynced = true
 		} else {
 			w.dropBatch()
 		}
 		return fmt.Errorf("state: %w", err)
 	}
 	w.state = next
+	w.dirUnsynced = false // this fsync of the directory covers the earlier rename too
 	return nil
 }
 
@@ -554,14 +577,10 @@ func (w *workerLog) rotate(maxFiles int) error {
 	return syncDir(w.dir)
 }
 
-func writeState(dir string, st workerState) error {
-	_, err := writeStateRenamed(dir, st)
-	return err
-}
-
-// writeStateRenamed is writeState that also says whether the new state.json was
-// renamed into place, which a failed directory fsync leaves uncertain on disk.
-func writeStateRenamed(dir string, st workerState) (renamed bool, err error) {
+// writeStateRenamed replaces state.json (a temporary file, fsync, rename, directory
+// fsync with syncDir) and says whether the new one was renamed into place, which a
+// failed directory fsync leaves uncertain on disk.
+func writeStateRenamed(dir string, st workerState, syncDir func(string) error) (renamed bool, err error) {
 	b, err := json.Marshal(st)
 	if err != nil {
 		return false, err

@@ -2,8 +2,14 @@ package logcollector
 
 import (
 	"context"
+	"errors"
 	"os"
+	"sync/atomic"
 	"testing"
+
+	"github.com/gorilla/websocket"
+
+	pb "github.com/smartroute/smartroute/proto/smartroutev1"
 )
 
 // A batch that failed and could not be cut off either (its truncate failed too) leaves
@@ -118,4 +124,46 @@ func TestUncutFailedBatchIsCutBeforeARotation(t *testing.T) {
 	}
 	st.close()
 	st2.close()
+}
+
+// When state.json was renamed into place but the directory's fsync failed, a power cut
+// could bring the old state back: the batch's resend must not be acknowledged, nor a
+// welcome tell the agent it may forget that seq, until a directory fsync works.
+func TestUnsyncedStateRenameIsNotVouchedFor(t *testing.T) {
+	t.Parallel()
+	r := startCollector(t, Config{})
+	a, _ := connect(t, r.ingestURL(), "w1", "s1")
+	a.batch(1, 0, `{"n":1}`)
+	w, err := r.c.store.worker("w1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var failing atomic.Bool
+	failing.Store(true)
+	w.mu.Lock()
+	w.syncDir = func(dir string) error {
+		if failing.Load() {
+			return errors.New("input/output error")
+		}
+		return syncDir(dir)
+	}
+	w.mu.Unlock()
+	a.send(&pb.LogEnvelope{Body: &pb.LogEnvelope_Batch{Batch: &pb.LogBatch{Seq: 2, Records: [][]byte{[]byte(`{"n":2}`)}}}})
+	if code := a.closeCode(); code != websocket.CloseInternalServerErr {
+		t.Fatalf("batch 2 with the directory fsync failing: close code %d, want %d", code, websocket.CloseInternalServerErr)
+	}
+	// The agent reconnects to resend batch 2: no welcome may claim it yet.
+	b, _, err := dialIngest(t, r.ingestURL(), "w1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.send(&pb.LogEnvelope{Body: &pb.LogEnvelope_Hello{Hello: &pb.LogHello{
+		ProtocolVersion: pb.LogProtocolVersion_LOG_PROTOCOL_VERSION_CURRENT, WorkerId: "w1", StreamId: "s1"}}})
+	if env, err := b.read(); err == nil {
+		t.Fatalf("welcome %v while state.json's rename is not durable, want the stream closed", env)
+	}
+	failing.Store(false)
+	if _, last := connect(t, r.ingestURL(), "w1", "s1"); last != 2 {
+		t.Fatalf("welcome last_seq %d once the directory fsync works, want 2", last)
+	}
 }
