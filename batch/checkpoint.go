@@ -76,14 +76,19 @@ func (s *taskShape) differs(other *taskShape) []string {
 	return out
 }
 
-// samePath says whether the checkpoint's path recorded and the path given now name one
-// file: the same absolute path, or, both existing, the same file by another name.
+// samePath says whether the path given now may be the file the checkpoint recorded:
+// the same absolute path; the same file by another name; or the recorded path gone
+// (the job's directory moved, or its volume mounted elsewhere). Refused only when the
+// recorded file is still there and the given one is another.
 func samePath(recorded, given string) bool {
 	abs, err := filepath.Abs(given)
 	if err == nil && abs == recorded {
 		return true
 	}
 	a, errA := os.Stat(recorded)
+	if errors.Is(errA, fs.ErrNotExist) {
+		return true
+	}
 	b, errB := os.Stat(given)
 	return errA == nil && errB == nil && os.SameFile(a, b)
 }

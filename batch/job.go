@@ -665,13 +665,16 @@ func (j *job) post(ctx context.Context, body []byte) (int, []byte, time.Duration
 		return 0, nil, 0, err
 	}
 	if int64(len(b)) > j.cfg.maxAnswerBytes {
-		return resp.StatusCode, nil, 0, errAnswerTooLarge
+		if resp.StatusCode == http.StatusOK {
+			return resp.StatusCode, nil, 0, errAnswerTooLarge
+		}
+		b = b[:j.cfg.maxAnswerBytes] // an error's status says enough; its message is cut
 	}
 	return resp.StatusCode, b, retryAfter(resp.Header.Get("Retry-After"), time.Now()), nil
 }
 
-// errAnswerTooLarge: the dispatcher's answer for one line is over the bound the job
-// reads (a huge result). The line is rejected; the job goes on.
+// errAnswerTooLarge: the dispatcher's 200 for one line is over the bound the job reads
+// (a huge result). The line is rejected; the job goes on.
 var errAnswerTooLarge = errors.New("answer larger than the job reads")
 
 // retryAfter reads a Retry-After header (seconds or an HTTP date), bounded to five

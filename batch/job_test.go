@@ -1308,3 +1308,28 @@ func TestAnswerTooLargeRejectsItsLine(t *testing.T) {
 		t.Errorf("rejected file %q", got)
 	}
 }
+
+// A job directory moved (renamed, or its volume mounted at another path) holds the same
+// input, output, rejected and checkpoint files: the resume goes on there, though the
+// recorded absolute paths are gone.
+func TestResumeAfterTheJobDirectoryMoved(t *testing.T) {
+	t.Parallel()
+	f := newFakeDispatcher(t, nil)
+	cfg := setup(t, f, taskLines(3))
+	run(t, cfg)
+
+	oldDir := filepath.Dir(cfg.Output)
+	newDir := oldDir + "-moved"
+	if err := os.Rename(oldDir, newDir); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(newDir) })
+	cfg.Input = filepath.Join(newDir, "in.jsonl")
+	cfg.Output = filepath.Join(newDir, "out.jsonl")
+	if _, err := Run(context.Background(), cfg); err != nil {
+		t.Errorf("resume in the moved directory: %v", err)
+	}
+	if got := readLines(t, cfg.Output); len(got) != 3 || !strings.Contains(got[0], `"id":1`) {
+		t.Errorf("output after the resume: %q", got)
+	}
+}

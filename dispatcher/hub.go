@@ -895,14 +895,15 @@ func (h *hub) beginShutdown() <-chan struct{} {
 // releaseLocked lets go of a journaled task at shutdown without answering it in the
 // journal, which keeps it for the next start. A producer may still wait on it (a
 // synchronous resubmission of an accepted id): it gets a 503 that says so instead of
-// waiting until its connection is cut. Caller holds mu; rec is dropped, so nothing
-// changes it after done is closed.
+// waiting until its connection is cut. Caller holds mu; rec moves to h.released (read
+// under mu, for GET /tasks/{id}), and nothing changes it after done is closed.
 func (h *hub) releaseLocked(rec *taskRecord) {
 	delete(h.active, rec.sched.ID)
 	if h.released == nil {
 		h.released = make(map[string]*taskRecord)
 	}
 	h.released[rec.sched.ID] = rec
+	rec.params = nil // the journal holds them for the next start
 	rec.httpStatus = http.StatusServiceUnavailable
 	rec.errMsg = "dispatcher shutting down; task " + rec.sched.ID + " is journaled and runs when the dispatcher starts again"
 	rec.retryAt = h.clock.Now().Add(shutdownRetryAfter)

@@ -25,7 +25,7 @@ type failReason uint8
 const (
 	failDeadline        failReason = iota // deadline passed, queued or running (504)
 	failWorkerError                       // the worker ran the task and reported an error (502)
-	failWorkersLost                       // the task's workers were lost MaxAttempts times (503)
+	failWorkersLost                       // the task's workers were lost, or refused it, MaxAttempts times (503)
 	failShutdown                          // the dispatcher shut down before the task finished (503)
 	failLoad                              // the label failed to load on every worker tried (502)
 	failLabelFailing                      // the label is marked failing (503)

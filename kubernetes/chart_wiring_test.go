@@ -91,4 +91,10 @@ func TestChartRefusesAFullNameTooLongForItsObjects(t *testing.T) {
 		t.Errorf("a 39-character full name: %v, want an error naming fullnameOverride", err)
 	}
 	mustRender(t, map[string]any{"fullnameOverride": strings.Repeat("x", 38)})
+	// Without the collector the longest name is -worker-metrics: 47 fit.
+	noCollector := map[string]any{"logCollector": map[string]any{"enabled": false}}
+	mustRender(t, map[string]any{"fullnameOverride": strings.Repeat("x", 47), "logCollector": noCollector["logCollector"]})
+	if _, err := render(t, map[string]any{"fullnameOverride": strings.Repeat("x", 48), "logCollector": noCollector["logCollector"]}); err == nil {
+		t.Error("a 48-character full name without the collector rendered")
+	}
 }

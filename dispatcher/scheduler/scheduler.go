@@ -138,7 +138,7 @@ const (
 	// FailAttempts: the task's workers were lost, or refused it, MaxAttempts times.
 	FailAttempts
 	// FailLoad: the task's label failed to load on the last worker it was allowed,
-	// and it had used up MaxAttempts.
+	// and it had used up MaxAttempts, or on every connected worker that could take it.
 	FailLoad
 	// FailLabelFailing: the task's label is marked failing (see LabelFailureThreshold).
 	FailLabelFailing

@@ -214,10 +214,11 @@ func (m *Metrics) notReady() []string {
 func (a *agent) notReady() string {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	s := a.cur.Load() // once: the run loop clears it without a.mu
 	switch {
 	case a.draining:
 		return "draining"
-	case a.cur.Load() == nil || !a.cur.Load().isWelcomed():
+	case s == nil || !s.isWelcomed():
 		return "not connected to the dispatcher"
 	case !a.available:
 		return a.unavailableReason

@@ -110,7 +110,9 @@ func run(args []string) error {
 	}
 	// No tokens means no credentials asked: a list that was given and holds none (an
 	// unset variable in a template, say) must not open /ingest to anyone.
-	if *ingestTokens != "" && len(cfg.IngestTokens) == 0 {
+	givenOnCommandLine := false
+	fs.Visit(func(f *flag.Flag) { givenOnCommandLine = givenOnCommandLine || f.Name == "ingest-token" })
+	if (*ingestTokens != "" || givenOnCommandLine) && len(cfg.IngestTokens) == 0 {
 		return usageError{fmt.Errorf("--ingest-token (INGEST_TOKEN) %q holds no token; leave it unset to take streams without credentials", *ingestTokens)}
 	}
 	level, err := zerolog.ParseLevel(*logLevel)

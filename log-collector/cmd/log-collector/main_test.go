@@ -23,6 +23,7 @@ func TestBadConfigurationExitsTwo(t *testing.T) {
 		// A token list that holds no token turned authentication off.
 		{[]string{"--ingest-token", " , "}, 2},
 		{[]string{"--ingest-token", " "}, 2},
+		{[]string{"--ingest-token="}, 2}, // --ingest-token=$UNSET
 		{[]string{"--log-level", "loud"}, 2},
 		{[]string{"--log-level", ""}, 2}, // NoLevel: the log silently off
 		{[]string{"stray"}, 2},

@@ -5,8 +5,8 @@
 
 {{/* Prefix of every resource: release-chart, or the release alone when it already names the chart.
 At most 38 characters: the log collector's StatefulSet (-log-collector) must stay within
-52, or its pods' controller-revision-hash label passes 63 (and -worker-metrics makes a
-Service name). Refused rather than cut, which could make two releases' names one. */}}
+52, or its pods' controller-revision-hash label passes 63; without the collector 47, for
+the -worker-metrics Service (63). Refused rather than cut, which could make two releases' names one. */}}
 {{- define "smartroute.fullname" -}}
 {{- $full := "" }}
 {{- if .Values.fullnameOverride }}
@@ -19,8 +19,9 @@ Service name). Refused rather than cut, which could make two releases' names one
 {{- $full = printf "%s-%s" .Release.Name $name | trimSuffix "-" }}
 {{- end }}
 {{- end }}
-{{- if gt (len $full) 38 }}
-{{- fail (printf "the full name %q is %d characters, and at most 38 leave room for every object's suffix: set fullnameOverride (or a shorter release name)" $full (len $full)) }}
+{{- $max := ternary 38 47 .Values.logCollector.enabled }}
+{{- if gt (len $full) $max }}
+{{- fail (printf "the full name %q is %d characters, and at most %d leave room for every object's suffix: set fullnameOverride (or a shorter release name)" $full (len $full) $max) }}
 {{- end }}
 {{- $full }}
 {{- end }}
