@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"sync"
 	"time"
 
@@ -183,7 +184,7 @@ func (d *Dispatcher) runTask(c echo.Context) error {
 			case http.StatusTooManyRequests:
 				c.Response().Header().Set("Retry-After", "1")
 			case http.StatusServiceUnavailable: // shutting down, or the journal's disk failing
-				c.Response().Header().Set("Retry-After", "5")
+				c.Response().Header().Set("Retry-After", strconv.Itoa(int(unavailableRetryAfter/time.Second)))
 			}
 			return c.JSON(se.status, errorBody{se.msg})
 		}

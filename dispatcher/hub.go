@@ -906,13 +906,14 @@ func (h *hub) releaseLocked(rec *taskRecord) {
 	rec.params = nil // the journal holds them for the next start
 	rec.httpStatus = http.StatusServiceUnavailable
 	rec.errMsg = "dispatcher shutting down; task " + rec.sched.ID + " is journaled and runs when the dispatcher starts again"
-	rec.retryAt = h.clock.Now().Add(shutdownRetryAfter)
+	rec.retryAt = h.clock.Now().Add(unavailableRetryAfter)
 	close(rec.done)
 }
 
-// shutdownRetryAfter is the Retry-After of the 503s shutdown answers: a replacement
-// dispatcher (or this one restarted) is usually up by then.
-const shutdownRetryAfter = 5 * time.Second
+// unavailableRetryAfter is the Retry-After of the 503s that say "not now" (shutting
+// down, the journal's disk failing): a replacement dispatcher (or this one restarted)
+// is usually up by then.
+const unavailableRetryAfter = 5 * time.Second
 
 // failAll answers every unfinished task, except journaled ones, which are left in
 // the journal for the next start; used when shutdown runs out of time.
@@ -936,7 +937,7 @@ func (h *hub) failAll(reason string) (failed, kept int) {
 			continue
 		}
 		h.met.failedTask(rec, failShutdown)
-		rec.retryAt = h.clock.Now().Add(shutdownRetryAfter)
+		rec.retryAt = h.clock.Now().Add(unavailableRetryAfter)
 		h.finish(rec, statusFailed, http.StatusServiceUnavailable, reason)
 		failed++
 	}

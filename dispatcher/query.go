@@ -9,19 +9,11 @@ import (
 // false), at most once. Unknown parameters are refused, so that a typo is not
 // silently ignored.
 func parseWorkersQuery(raw string) (detail bool, err error) {
-	q, err := parseQueryString(raw)
+	v, err := onlyParam(raw, "/workers", "detail")
 	if err != nil {
 		return false, err
 	}
-	for name, vs := range q {
-		if name != "detail" {
-			return false, fmt.Errorf("unknown parameter %q; /workers takes only detail", name)
-		}
-		if len(vs) > 1 {
-			return false, fmt.Errorf("detail is given %d times", len(vs))
-		}
-	}
-	switch q.Get("detail") {
+	switch v {
 	case "", "false", "0":
 		return false, nil
 	case "true", "1":
@@ -43,19 +35,26 @@ func parseQueryString(raw string) (url.Values, error) {
 
 // parseDrainQuery reads POST /workers/{id}/drain's only parameter, reason (optional).
 func parseDrainQuery(raw string) (reason string, err error) {
+	return onlyParam(raw, "drain", "reason")
+}
+
+// onlyParam parses the raw query string of an endpoint that takes one parameter, name,
+// at most once, and returns its value ("" when absent). Any other parameter is refused,
+// so that a typo is not silently ignored.
+func onlyParam(raw, endpoint, name string) (string, error) {
 	q, err := parseQueryString(raw)
 	if err != nil {
 		return "", err
 	}
-	for name, vs := range q {
-		if name != "reason" {
-			return "", fmt.Errorf("unknown parameter %q; drain takes only reason", name)
+	for n, vs := range q {
+		if n != name {
+			return "", fmt.Errorf("unknown parameter %q; %s takes only %s", n, endpoint, name)
 		}
 		if len(vs) > 1 {
-			return "", fmt.Errorf("reason is given %d times", len(vs))
+			return "", fmt.Errorf("%s is given %d times", name, len(vs))
 		}
 	}
-	return q.Get("reason"), nil
+	return q.Get(name), nil
 }
 
 // parseTaskID checks the id of GET /tasks/{id} with the rules of a submitted task_id,

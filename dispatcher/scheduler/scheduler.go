@@ -1259,14 +1259,14 @@ func (s *Scheduler) Rebalance() *Outcome {
 // is not coming, to end in a 504 rather than the 503 a later submission gets at once.
 // It walks every label's state, but only once after a change that may leave tasks so.
 func (s *Scheduler) failUnloadable() {
+	sweep := s.sweepUnloadable && len(s.workers) > 0 && s.now.Sub(s.fleetChanged) >= s.cfg.FleetSettle
 	if len(s.excludedQueued) > 0 {
-		s.failExcluded(false) // forget finished tasks' entries, settled or not
+		s.failExcluded(sweep) // finished tasks' entries go whether settled or not
 	}
-	if !s.sweepUnloadable || len(s.workers) == 0 || s.now.Sub(s.fleetChanged) < s.cfg.FleetSettle {
+	if !sweep {
 		return
 	}
 	s.sweepUnloadable = false
-	s.failExcluded(true)
 	if s.anyLabel > 0 {
 		return
 	}
