@@ -482,7 +482,7 @@ func (w *workerLog) appendBatch(data []byte, seq, dropped uint64, maxFileBytes i
 		w.file = f
 		if !slices.Contains(w.files, w.state.File) {
 			w.files = append(w.files, w.state.File)
-			if err := syncDir(w.dir); err != nil {
+			if err := w.syncDir(w.dir); err != nil {
 				return err
 			}
 		}
@@ -574,7 +574,7 @@ func (w *workerLog) rotate(maxFiles int) error {
 		}
 		w.files = w.files[1:]
 	}
-	return syncDir(w.dir)
+	return w.syncDir(w.dir)
 }
 
 // writeStateRenamed replaces state.json (a temporary file, fsync, rename, directory
