@@ -128,6 +128,14 @@ type engine struct {
 	submitted, finished int
 	waiting             int // submitted, not started
 	tickPending         bool
+	// running counts the slots in use. While every slot of the dispatcher's scheduler
+	// is, a Rebalance can start nothing, so the tick sleeps (sleepingTick holds when it
+	// was due) until a task finishes, and then resumes on the same 20 ms grid. Ticking
+	// through a task that runs for hours took minutes of real time.
+	running      int
+	sleepingTick time.Duration
+	sleeping     bool
+	rebalances   int
 
 	res       Result
 	latencies []float64
@@ -149,10 +157,19 @@ type traceLine struct {
 // Run simulates the scenario under one policy. The same seed gives the same tasks
 // (labels, arrival times, load and run durations) to every policy.
 func Run(sc Scenario, policy string, seed uint64, opt Options) (Result, error) {
+	e, err := simulate(sc, policy, seed, opt)
+	if err != nil {
+		return Result{}, err
+	}
+	return e.result(), nil
+}
+
+// simulate is Run, returning the engine for the tests to look into.
+func simulate(sc Scenario, policy string, seed uint64, opt Options) (*engine, error) {
 	clock := &vclock{base: time.Unix(1_700_000_000, 0)}
 	router, err := NewRouter(policy, clock, seed, sc, opt)
 	if err != nil {
-		return Result{}, err
+		return nil, err
 	}
 	e := &engine{sc: sc, router: router, clock: clock, pop: newPopularity(sc.Labels),
 		taskRNG: rand.New(rand.NewPCG(seed, 1)), distinct: map[string]struct{}{}, loadEnds: map[copyKey]time.Duration{}}
@@ -175,12 +192,12 @@ func Run(sc Scenario, policy string, seed uint64, opt Options) (Result, error) {
 	for i := 0; i < sc.Workers.Count; i++ {
 		out, err := router.AddWorker(scheduler.WorkerSpec{ID: fmt.Sprintf("w%d", i+1), MaxLabels: sc.Workers.MaxLabels, Slots: sc.Workers.Slots})
 		if err != nil {
-			return Result{}, err
+			return nil, err
 		}
 		e.apply(out)
 	}
 	if err := e.seedArrivals(seed); err != nil {
-		return Result{}, err
+		return nil, err
 	}
 	for len(e.events) > 0 {
 		ev := heap.Pop(&e.events).(event)
@@ -191,7 +208,12 @@ func Run(sc Scenario, policy string, seed uint64, opt Options) (Result, error) {
 		case evFinish:
 			e.finish(ev)
 		case evTick:
+			if e.waiting > 0 && e.canSleep() { // with none waiting the ticks stop anyway
+				e.sleeping, e.sleepingTick = true, ev.at
+				continue // still pending: wake resumes it
+			}
 			e.tickPending = false
+			e.rebalances++
 			e.apply(e.router.Rebalance())
 		}
 		if e.waiting > 0 && !e.tickPending {
@@ -200,9 +222,32 @@ func Run(sc Scenario, policy string, seed uint64, opt Options) (Result, error) {
 		}
 	}
 	if e.waiting > 0 {
-		return Result{}, fmt.Errorf("policy %s left %d tasks waiting with no event to start them", policy, e.waiting)
+		return nil, fmt.Errorf("policy %s left %d tasks waiting with no event to start them", policy, e.waiting)
 	}
-	return e.result(), nil
+	return e, nil
+}
+
+// canSleep is whether a tick now can change nothing: the router is the dispatcher's
+// scheduler (the peer designs queue at busy workers, so their ticks matter) and every
+// slot of the fleet is running a task.
+func (e *engine) canSleep() bool {
+	_, ours := e.router.(*scheduler.Scheduler)
+	return ours && e.running >= e.sc.Workers.Count*e.sc.Workers.Slots
+}
+
+// wake puts a sleeping tick back on its grid, at its first time after now: the tick
+// that would have come at this instant ran before the event that woke it, and could
+// start nothing.
+func (e *engine) wake() {
+	if !e.sleeping {
+		return
+	}
+	e.sleeping = false
+	at := e.sleepingTick
+	if at <= e.clock.now {
+		at += (e.clock.now-at)/tickEvery*tickEvery + tickEvery
+	}
+	e.push(event{at: at, kind: evTick})
 }
 
 func (e *engine) push(ev event) {
@@ -306,6 +351,7 @@ func (e *engine) apply(out *scheduler.Outcome) {
 		}
 		e.res.queueWait += e.clock.now - t.arrived
 		e.busy += dur
+		e.running++
 		e.push(event{at: e.clock.now + dur, kind: evFinish, task: t, worker: a.WorkerID, load: a.Load})
 	}
 	for range out.Failed {
@@ -325,6 +371,8 @@ func (e *engine) finish(ev event) {
 		panic(fmt.Sprintf("complete: %v", err))
 	}
 	e.finished++
+	e.running--
+	e.wake()
 	lat := e.clock.now - t.arrived
 	e.latencies = append(e.latencies, lat.Seconds())
 	e.res.taskRuntime += t.run

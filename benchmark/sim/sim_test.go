@@ -236,3 +236,33 @@ func traceScenario(t *testing.T, slots int, trace string) (Scenario, string) {
 	}
 	return sc, dir
 }
+
+// While every slot runs a task, a tick can start nothing: the simulator does not tick
+// through it. A task that runs for a thousand hours once meant 360 million ticks and
+// minutes of real time; the figures with and without ticking are the same.
+func TestNoTicksWhileEverySlotIsBusy(t *testing.T) {
+	t.Parallel()
+	sc, err := Parse([]byte(`
+workers: {count: 1, max_labels: 1, slots: 1}
+labels: {count: 1}
+load: {kind: fixed, value: 1ms}
+run: {kind: fixed, value: 1000h}
+arrival: {kind: poisson, rate: 100}
+tasks: 3
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, policy := range []string{"ours", "random"} {
+		e, err := simulate(sc, policy, 1, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := e.result(); r.Tasks != 3 || r.Makespan < 3000*3600 {
+			t.Fatalf("%s: %d tasks in %.0f s, want 3 in 3000 h", policy, r.Tasks, r.Makespan)
+		}
+		if e.rebalances > 10 {
+			t.Errorf("%s: %d rebalances for 3 tasks that each hold the only slot", policy, e.rebalances)
+		}
+	}
+}
