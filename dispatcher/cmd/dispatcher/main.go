@@ -114,6 +114,10 @@ func run(args []string) error {
 	if err := refuseZero(fs); err != nil {
 		return usageError{err}
 	}
+	routing, err := resolvePolicy(fs, *random, *policy)
+	if err != nil {
+		return usageError{err}
+	}
 	level, err := zerolog.ParseLevel(*logLevel)
 	if err == nil && level == zerolog.NoLevel { // "": every record filtered out, silently
 		err = errors.New("empty; want trace, debug, info, warn, error, fatal, panic or disabled")
@@ -142,9 +146,8 @@ func run(args []string) error {
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 	d, err := dispatcher.New(dispatcher.Config{
-		Addr:           *addr,
-		RandomDispatch: *random,
-		Scheduler: scheduler.Config{Policy: scheduler.Policy(*policy), MaxAttempts: *maxAttempts,
+		Addr: *addr,
+		Scheduler: scheduler.Config{Policy: routing, MaxAttempts: *maxAttempts,
 			LoadTimePrior: *loadPrior, RunTimePrior: *runPrior, MaxPassOver: *passOver, PassOverLoads: *passOverLoads,
 			LabelFailureThreshold: *failThreshold, LabelFailureWindow: *failWindow, LabelFailureCooldown: *failCooldown,
 			FleetSettle: *fleetSettle},
@@ -250,6 +253,33 @@ func splitList(s string) []string {
 }
 
 // given reports whether the flag was set on the command line.
+// resolvePolicy reconciles --random-dispatch, the seed's switch, with --policy. Either may
+// come from the command line or the environment: the command line wins, as for every
+// flag, and the two set at the same level to different policies are refused rather than
+// one silently overriding the other (RANDOM_DISPATCH=true in an env file once replaced
+// the chart's POLICY).
+func resolvePolicy(fs *flag.FlagSet, random bool, policy string) (scheduler.Policy, error) {
+	if !random || scheduler.Policy(policy) == scheduler.PolicyRandom {
+		return scheduler.Policy(policy), nil
+	}
+	level := func(name string) int { // 2: command line, 1: environment, 0: default
+		switch {
+		case given(fs, name):
+			return 2
+		case os.Getenv(envName(name)) != "":
+			return 1
+		}
+		return 0
+	}
+	switch r, p := level("random-dispatch"), level("policy"); {
+	case p > r:
+		return scheduler.Policy(policy), nil
+	case p == r:
+		return "", fmt.Errorf("--random-dispatch (RANDOM_DISPATCH) and --policy %s (POLICY) disagree: give one of them", policy)
+	}
+	return scheduler.PolicyRandom, nil
+}
+
 func given(fs *flag.FlagSet, name string) bool {
 	found := false
 	fs.Visit(func(f *flag.Flag) { found = found || f.Name == name })

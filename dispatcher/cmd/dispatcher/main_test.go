@@ -2,6 +2,7 @@ package main
 
 import (
 	"flag"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -130,5 +131,55 @@ func TestBadConfigurationExitsTwo(t *testing.T) {
 		if got := exitCode(err); got != c.want {
 			t.Errorf("%q: exit %d, want %d (%v)", c.args, got, c.want, err)
 		}
+	}
+}
+
+// --random-dispatch is the seed's switch for what --policy random says. The command line
+// wins over the environment for the pair as for any flag (RANDOM_DISPATCH=true left in an
+// env file had silently overridden --policy affinity), and the two given at the same level
+// with different answers are refused rather than one quietly chosen.
+func TestPolicyAndRandomDispatchPrecedence(t *testing.T) {
+	for _, c := range []struct {
+		args        []string
+		env         map[string]string
+		want        string
+		wantRefused bool
+	}{
+		{nil, nil, "affinity", false},
+		{[]string{"--random-dispatch"}, nil, "random", false},
+		{[]string{"--policy", "random"}, nil, "random", false},
+		{nil, map[string]string{"RANDOM_DISPATCH": "true"}, "random", false},
+		{[]string{"--policy", "affinity"}, map[string]string{"RANDOM_DISPATCH": "true"}, "affinity", false},
+		{[]string{"--random-dispatch"}, map[string]string{"POLICY": "affinity"}, "random", false},
+		{nil, map[string]string{"RANDOM_DISPATCH": "true", "POLICY": "random"}, "random", false},
+		{[]string{"--random-dispatch", "--policy", "random"}, nil, "random", false},
+		{[]string{"--random-dispatch=false"}, map[string]string{"POLICY": "random"}, "random", false},
+		{[]string{"--random-dispatch", "--policy", "affinity"}, nil, "", true},
+		{nil, map[string]string{"RANDOM_DISPATCH": "true", "POLICY": "affinity"}, "", true},
+	} {
+		t.Run(strings.Join(c.args, " ")+fmt.Sprint(c.env), func(t *testing.T) {
+			for _, name := range []string{"RANDOM_DISPATCH", "POLICY"} {
+				t.Setenv(name, c.env[name])
+			}
+			fs := flag.NewFlagSet("dispatcher", flag.ContinueOnError)
+			random := fs.Bool("random-dispatch", false, "")
+			policy := fs.String("policy", "affinity", "")
+			if err := fs.Parse(c.args); err != nil {
+				t.Fatal(err)
+			}
+			if err := fromEnv(fs); err != nil {
+				t.Fatal(err)
+			}
+			got, err := resolvePolicy(fs, *random, *policy)
+			if c.wantRefused {
+				if err == nil || !strings.Contains(err.Error(), "--random-dispatch") || !strings.Contains(err.Error(), "--policy") {
+					t.Fatalf("policy %q, err %v; want a refusal naming both flags", got, err)
+				}
+				return
+			}
+			if err != nil || string(got) != c.want {
+				t.Fatalf("policy %q, err %v; want %q", got, err, c.want)
+			}
+		})
 	}
 }
