@@ -656,6 +656,12 @@ func (h *hub) onResult(wc *workerConn, res *pb.TaskResult) {
 			return
 		}
 		h.log.Debug().Str("worker_id", wc.id).Str("task_id", res.GetTaskId()).Str("label", rec.sched.Label).Str("reason", res.GetError()).Msg("label load failed; task runs elsewhere")
+		// A failed load is still a load the task paid for: in its answer, if this was
+		// its last attempt, and in the load metrics.
+		loadTime := time.Duration(res.GetLoadDurationUs()) * time.Microsecond
+		rec.labelMiss = rec.labelMiss || res.GetLabelMiss()
+		rec.loadTime += loadTime
+		h.met.result(rec, res, loadTime)
 		h.apply(out)
 		return
 	}

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/smartroute/smartroute/dispatcher/scheduler"
 	"github.com/smartroute/smartroute/proto/frame"
 	pb "github.com/smartroute/smartroute/proto/smartroutev1"
@@ -18,7 +20,32 @@ func (w *fakeWorker) loadFailed(a *pb.TaskAssignment, reason string) {
 	w.write(&pb.Envelope{Body: &pb.Envelope_LabelEvent{LabelEvent: &pb.LabelEvent{
 		Kind: pb.LabelEvent_KIND_LOAD_FAILED, Label: a.Label, Error: reason}}})
 	w.write(&pb.Envelope{Body: &pb.Envelope_Result{Result: &pb.TaskResult{
-		TaskId: a.TaskId, Attempt: a.Attempt, Error: "load label: " + reason, LoadFailed: true, LabelMiss: true}}})
+		TaskId: a.TaskId, Attempt: a.Attempt, Error: "load label: " + reason, LoadFailed: true, LabelMiss: true,
+		LoadDurationUs: 1500}}})
+}
+
+// A failed load is still a load: it counts in label_loads_total and the load time
+// histogram (README: failed ones included), and the task's answer says it missed and
+// how long it spent loading, as the agent reported.
+func TestFailedLoadCountsAsALabelLoad(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{Scheduler: scheduler.Config{FleetSettle: time.Millisecond}})
+	w := b.dial("w1")
+	ans := b.postAsync(`{"task_id":"fl-1","task_type":"x","label":"L"}`)
+	w.loadFailed(w.assignment(), "CUDA out of memory")
+	got := await(t, ans)
+	if got.status != http.StatusBadGateway {
+		t.Fatalf("task whose only load failed: %v, want 502", got)
+	}
+	if got.body["label_miss"] != true || got.body["load_ms"] != 1.5 {
+		t.Errorf("answer label_miss %v, load_ms %v; want true and 1.5", got.body["label_miss"], got.body["load_ms"])
+	}
+	if n := testutil.ToFloat64(b.d.hub.met.loads.WithLabelValues("L")); n != 1 {
+		t.Errorf("label_loads_total{label=\"L\"} = %v after one failed load, want 1", n)
+	}
+	if n, sum := histogram(t, b.d.hub.met.loadDuration); n != 1 || sum != 0.0015 {
+		t.Errorf("load_duration_seconds: %d samples, sum %v; want 1 of 0.0015", n, sum)
+	}
 }
 
 // A task that waited for a load another task started gets its failure too, without
