@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime/debug"
@@ -158,8 +159,12 @@ func checkJournal(path string, lockTimeout time.Duration) (err error) {
 		}
 	}()
 	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: lockTimeout})
+	var pathErr *fs.PathError
+	if errors.Is(err, bolt.ErrTimeout) || errors.As(err, &pathErr) {
+		return err // locked, or not ours to read: the file may be fine
+	}
 	if err != nil {
-		return err
+		return damaged(err) // not a bbolt file, or a header bbolt refuses
 	}
 	defer db.Close()
 	return db.View(func(tx *bolt.Tx) error {

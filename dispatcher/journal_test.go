@@ -487,6 +487,26 @@ func TestDamagedJournalIsAnError(t *testing.T) {
 	}
 }
 
+// A file that is not a journal at all (another file put in its place, or one too short
+// to hold bbolt's header) gets the same advice, not bbolt's bare "invalid database".
+func TestJournalThatIsNotOneSaysWhatToDo(t *testing.T) {
+	for name, raw := range map[string][]byte{
+		"random": bytes.Repeat([]byte("not a journal "), 32<<10/14),
+		"short":  bytes.Repeat([]byte{0xA5}, 4096),
+	} {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, journalFile), raw, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(os.Args[0], "-test.run=^TestOpenJournalChild$", "-test.count=1")
+		cmd.Env = append(os.Environ(), "JOURNAL_CHILD_DIR="+dir)
+		out, _ := cmd.CombinedOutput()
+		if !strings.Contains(string(out), "is damaged") || !strings.Contains(string(out), "move it aside") {
+			t.Errorf("%s file as the journal: want New to say it is damaged and what to do, got:\n%s", name, out)
+		}
+	}
+}
+
 // An unreadable record (say, written by a build with another format) does not stop the
 // start, is deleted, and its id can be used again: before, every submission under it
 // answered 500 for good.
