@@ -126,6 +126,18 @@ func run(args []string) error {
 		return usageError{fmt.Errorf("--log-level: %w", err)}
 	}
 	log := zerolog.New(os.Stdout).Level(level).With().Timestamp().Logger()
+	// SIGHUP re-reads the token and key files. Caught from here on: New replays the
+	// journal, which can take a while, and SIGHUP's default action would end the
+	// process; one that comes meanwhile is handled once New is done.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	// SIGTERM too: a pod stopped while New waits for the journal's lock (up to a minute
+	// in the chart) or replays it exits 0 at once, as after any shutdown, rather than
+	// dying of the signal (143). Nothing has been accepted yet, and the journal is a
+	// bbolt file, whose transactions survive the process ending anywhere.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
 	gc, err := setupGC(*gcTarget, gcGiven, *memRatio)
 	if err != nil {
 		return usageError{err}
@@ -139,13 +151,12 @@ func run(args []string) error {
 	}
 	ev.Msg("garbage collector")
 
-	// SIGHUP re-reads the token and key files. Caught from here on: New replays the
-	// journal, which can take a while, and SIGHUP's default action would end the
-	// process; one that comes meanwhile is handled once New is done.
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
-	d, err := dispatcher.New(dispatcher.Config{
+	type started struct {
+		d   *dispatcher.Dispatcher
+		err error
+	}
+	starting := make(chan started, 1)
+	cfg := dispatcher.Config{
 		Addr: *addr,
 		Scheduler: scheduler.Config{Policy: routing, MaxAttempts: *maxAttempts,
 			LoadTimePrior: *loadPrior, RunTimePrior: *runPrior, MaxPassOver: *passOver, PassOverLoads: *passOverLoads,
@@ -175,9 +186,21 @@ func run(args []string) error {
 		TaskRetentionCount: *retentionCount,
 		TaskRetentionBytes: *retentionBytes,
 		Logger:             log,
-	})
-	if err != nil {
-		return err
+	}
+	go func() {
+		d, err := dispatcher.New(cfg)
+		starting <- started{d, err}
+	}()
+	var d *dispatcher.Dispatcher
+	select {
+	case s := <-starting:
+		if s.err != nil {
+			return s.err
+		}
+		d = s.d
+	case <-ctx.Done():
+		log.Info().Msg("stopped while starting")
+		return nil
 	}
 	if *cpuProf != "" {
 		f, err := os.Create(*cpuProf)
@@ -200,8 +223,6 @@ func run(args []string) error {
 		go http.Serve(ln, http.DefaultServeMux) // net/http/pprof registers on the default mux
 		log.Info().Str("addr", ln.Addr().String()).Msg("pprof listening")
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
 	// A reload error keeps the previous secrets (and is logged by ReloadCredentials).
 	go func() {
 		for {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"flag"
 	"fmt"
 	"net"
@@ -8,7 +9,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+
+	"github.com/smartroute/smartroute/dispatcher"
 )
 
 // An empty variable counts as unset, as in the agent and the collector: MAX_QUEUED= must not
@@ -181,5 +185,54 @@ func TestPolicyAndRandomDispatchPrecedence(t *testing.T) {
 				t.Fatalf("policy %q, err %v; want %q", got, err, c.want)
 			}
 		})
+	}
+}
+
+const lockedChildEnv = "SMARTROUTE_TEST_DISPATCHER_LOCKED_DIR"
+
+// SIGTERM while the dispatcher waits for its journal's lock (a previous pod still
+// holds it; the chart waits up to a minute) ends it with exit 0 and a log line, as any
+// shutdown does; before, the signal killed it (exit 143) with nothing said.
+func TestSIGTERMWhileStartingExitsZero(t *testing.T) {
+	if dir := os.Getenv(lockedChildEnv); dir != "" {
+		os.Args = []string{"dispatcher", "--addr", "127.0.0.1:0", "--data-dir", dir, "--journal-lock-timeout", "10m"}
+		main()
+		os.Exit(0)
+	}
+	dir := t.TempDir()
+	holder, err := dispatcher.New(dispatcher.Config{DataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestSIGTERMWhileStartingExitsZero$")
+	cmd.Env = append(os.Environ(), lockedChildEnv+"="+dir)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	sc := bufio.NewScanner(out)
+	var lines []string
+	for sc.Scan() { // signals are caught before this line is logged
+		lines = append(lines, sc.Text())
+		if strings.Contains(sc.Text(), `"garbage collector"`) {
+			break
+		}
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	for sc.Scan() {
+		lines = append(lines, sc.Text())
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("SIGTERM while waiting for the journal's lock: %v, want exit 0\n%s", err, strings.Join(lines, "\n"))
+	}
+	if !strings.Contains(strings.Join(lines, "\n"), "stopped while starting") {
+		t.Errorf("no log of the stop:\n%s", strings.Join(lines, "\n"))
 	}
 }
