@@ -1,6 +1,8 @@
 package kubernetes
 
 import (
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -166,5 +168,42 @@ func TestAlertsNeedTheServiceMonitor(t *testing.T) {
 		"serviceMonitor": map[string]any{"enabled": false}, "prometheusRule": map[string]any{"enabled": true}}})
 	if err == nil || !strings.Contains(err.Error(), "needs metrics.serviceMonitor.enabled") {
 		t.Fatalf("render error = %v, want one naming metrics.serviceMonitor.enabled", err)
+	}
+}
+
+// Every alert the chart installs has its row in the README's alerts table, by its full
+// name: an operator routes alerts from that table (SmartrouteJournalWriteErrors, a
+// critical one, had been left out of it).
+func TestEveryAlertIsInTheREADME(t *testing.T) {
+	readme, err := os.ReadFile(filepath.Join("..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, table, ok := strings.Cut(string(readme), "| alert | severity | fires when |")
+	if !ok {
+		t.Fatal("README has no alerts table")
+	}
+	table, _, _ = strings.Cut(table, "\n\n")
+	r := mustRender(t, nil, allOnValues)
+	pr := one[*prometheusRule](t, r, "sr-smartroute")
+	n := 0
+	for _, g := range pr.Spec.Groups {
+		for _, rule := range g.Rules {
+			n++
+			row := ""
+			for l := range strings.SplitSeq(table, "\n") {
+				if strings.Contains(l, "`"+rule.Alert+"`") {
+					row = l
+				}
+			}
+			if row == "" {
+				t.Errorf("alert %s is not in the README's alerts table", rule.Alert)
+			} else if sev := rule.Labels["severity"]; !strings.Contains(row, "| "+sev+" |") {
+				t.Errorf("alert %s is %s, but its README row says otherwise: %s", rule.Alert, sev, row)
+			}
+		}
+	}
+	if n < 10 {
+		t.Fatalf("%d alerts rendered: the all-on values lost the collector's", n)
 	}
 }
