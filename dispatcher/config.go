@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -135,6 +136,8 @@ func (c Config) WithDefaults() Config {
 	if c.Addr == "" {
 		c.Addr = "127.0.0.1:8080"
 	}
+	// A base URL written with a trailing slash: /upload-model is joined to it.
+	c.UploaderURL = strings.TrimRight(c.UploaderURL, "/")
 	if c.RandomDispatch {
 		c.Scheduler.Policy = scheduler.PolicyRandom
 	}

@@ -446,6 +446,12 @@ func TestUploadModelForwarded(t *testing.T) {
 	if code, v := b.post("/upload-model", `{"model_id":"mini-chatty"}`); code != 502 || !strings.Contains(v["error"].(string), "larger than") {
 		t.Fatalf("an uploader answer over the bound: %d %v", code, v)
 	}
+	// A base URL written with a trailing slash forwards to the same path, not to
+	// //upload-model, which a strict router answers 404.
+	b = setup(t, Config{UploaderURL: up.URL + "/"})
+	if code, v := b.post("/upload-model", `{"model_id":"mini"}`); code != 200 || v["status"] != "success" {
+		t.Fatalf("forwarded upload with --uploader-url ending in /: %d %v", code, v)
+	}
 }
 
 func TestWorkerListenRefusals(t *testing.T) {
