@@ -115,7 +115,7 @@ func TestResultsKeepWithinTheDispatchersFrameLimit(t *testing.T) {
 	p := h.connectWith(&pb.Welcome{ProtocolVersion: frame.ProtocolVersion, DispatcherId: "small", MaxFrameBytes: 16 << 10})
 	big := []byte(`{"data":"` + strings.Repeat("x", 20<<10) + `"}`) // echoed into the result
 	p.assign(&pb.TaskAssignment{TaskId: "big", TaskType: "sample_task", Label: "a", ParametersJson: big})
-	if r := p.result(); r.GetOk() || !strings.Contains(r.GetError(), "does not fit in a frame (limit 16384)") {
+	if r := p.result(); r.GetOk() || !strings.Contains(r.GetError(), "does not fit in a frame (results up to 12288 bytes: the frame limit 16384 less 4096") {
 		t.Fatalf("result ok=%v error %q, want the 16 KiB limit's error", r.GetOk(), r.GetError())
 	}
 	if r := p.run("small", "a", ""); !r.GetOk() { // the connection goes on

@@ -287,7 +287,8 @@ func (a *agent) runTask(ctx context.Context, s *session, asg *pb.TaskAssignment,
 			lease.release()
 		}
 		if err == nil && len(o.result) > s.maxFrame-resultOverhead {
-			err = fmt.Errorf("result of %d bytes does not fit in a frame (limit %d)", len(o.result), s.maxFrame)
+			err = fmt.Errorf("result of %d bytes does not fit in a frame (results up to %d bytes: the frame limit %d less %d for the other fields)",
+				len(o.result), s.maxFrame-resultOverhead, s.maxFrame, resultOverhead)
 		}
 	}
 	switch {
