@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/smartroute/smartroute/proto/frame"
 )
 
 // On disk, each worker has a directory under Config.Dir named after its id (bytes
@@ -292,15 +294,12 @@ func escapeWorkerID(id string) string {
 	return b.String()
 }
 
-// checkWorkerID validates a Worker-Id header or worker query parameter.
+// checkWorkerID validates a Worker-Id header or worker query parameter: the
+// dispatcher's rule (frame.CheckWorkerIDField), and an escaped length that fits a
+// directory name.
 func checkWorkerID(field, id string) error {
-	if id == "" {
-		return fmt.Errorf("%s is required", field)
-	}
-	for i := 0; i < len(id); i++ {
-		if c := id[i]; c <= ' ' || c > '~' {
-			return fmt.Errorf("%s may hold only printable ASCII without spaces (byte %d is 0x%02x)", field, i, c)
-		}
+	if err := frame.CheckWorkerIDField(field, id); err != nil {
+		return err
 	}
 	if len(escapeWorkerID(id)) > maxNameBytes {
 		return fmt.Errorf("%s %q is too long to name a log directory", field, id)

@@ -149,16 +149,22 @@ const MaxWorkerIDBytes = 256
 // CheckWorkerID says whether the dispatcher takes id as a worker's id: 1 to
 // MaxWorkerIDBytes of visible ASCII. Ids name log directories and metric series, and
 // travel in a header.
-func CheckWorkerID(id string) error {
+func CheckWorkerID(id string) error { return CheckWorkerIDField("worker id", id) }
+
+// CheckWorkerIDField is CheckWorkerID with its errors naming field (a header, a query
+// parameter) instead of "worker id". The log collector checks ids with it: an id the
+// dispatcher takes but the collector refused would be refused on every dial of the
+// agent's log shipper, for as long as the worker runs.
+func CheckWorkerIDField(field, id string) error {
 	if id == "" {
-		return errors.New("worker id is required")
+		return fmt.Errorf("%s is required", field)
 	}
 	if len(id) > MaxWorkerIDBytes {
-		return fmt.Errorf("worker id is %d bytes long, the limit is %d", len(id), MaxWorkerIDBytes)
+		return fmt.Errorf("%s is %d bytes long, the limit is %d", field, len(id), MaxWorkerIDBytes)
 	}
 	for i := 0; i < len(id); i++ {
 		if c := id[i]; c <= ' ' || c > '~' {
-			return fmt.Errorf("worker id may hold only visible ASCII, no spaces (byte %d is 0x%02x)", i, c)
+			return fmt.Errorf("%s may hold only printable ASCII without spaces (byte %d is 0x%02x)", field, i, c)
 		}
 	}
 	return nil

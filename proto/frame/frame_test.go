@@ -3,7 +3,9 @@ package frame
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
+	"strings"
 	"testing"
 	"testing/iotest"
 
@@ -259,5 +261,29 @@ func TestDecodeIntoReusesResult(t *testing.T) {
 	}
 	if env.GetResult() != nil || env.GetStatus() == nil {
 		t.Errorf("a status frame decoded as %v", env)
+	}
+}
+
+func TestCheckWorkerIDField(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		id, want string // want "": accepted
+	}{
+		{"worker-1", ""},
+		{strings.Repeat("~", MaxWorkerIDBytes), ""},
+		{"", "Worker-Id is required"},
+		{strings.Repeat("w", MaxWorkerIDBytes+1), "Worker-Id is 257 bytes long, the limit is 256"},
+		{"w 1", "Worker-Id may hold only printable ASCII without spaces (byte 1 is 0x20)"},
+		{"w\x7f", "Worker-Id may hold only printable ASCII without spaces (byte 1 is 0x7f)"},
+		{"wö", "Worker-Id may hold only printable ASCII without spaces (byte 1 is 0xc3)"},
+	} {
+		err := CheckWorkerIDField("Worker-Id", tc.id)
+		if got := fmt.Sprint(err); tc.want == "" && err != nil || tc.want != "" && got != tc.want {
+			t.Errorf("CheckWorkerIDField(%q) = %v, want %q", tc.id, err, tc.want)
+		}
+		// CheckWorkerID is the same rule.
+		if (CheckWorkerID(tc.id) == nil) != (err == nil) {
+			t.Errorf("CheckWorkerID(%q) = %v, CheckWorkerIDField %v", tc.id, CheckWorkerID(tc.id), err)
+		}
 	}
 }
