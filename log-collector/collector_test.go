@@ -130,7 +130,7 @@ func TestIngestRefusals(t *testing.T) {
 	}{
 		{"", "Worker-Id header is required"},
 		{"w 1", "printable ASCII"},
-		{strings.Repeat("%", 100), "too long"},
+		{strings.Repeat("w", 257), "Worker-Id is 257 bytes long, the limit is 256"},
 	} {
 		_, resp, err := dialIngest(t, r.ingestURL(), tc.worker)
 		if err == nil || resp == nil || resp.StatusCode != http.StatusBadRequest {

@@ -178,7 +178,7 @@ func (a *agentConn) closeCode() int {
 // lines returns the lines of every data file of worker, oldest first.
 func lines(t *testing.T, dir, worker string) []string {
 	t.Helper()
-	files, err := filepath.Glob(filepath.Join(dir, escapeWorkerID(worker), "*"+dataSuffix))
+	files, err := filepath.Glob(filepath.Join(dir, dirName(worker), "*"+dataSuffix))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +199,7 @@ func lines(t *testing.T, dir, worker string) []string {
 
 func readState(t *testing.T, dir, worker string) workerState {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(dir, escapeWorkerID(worker), stateFile))
+	b, err := os.ReadFile(filepath.Join(dir, dirName(worker), stateFile))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,6 +208,12 @@ func readState(t *testing.T, dir, worker string) workerState {
 		t.Fatal(err)
 	}
 	return st
+}
+
+// dirName is workerDirName's name alone.
+func dirName(worker string) string {
+	name, _ := workerDirName(worker)
+	return name
 }
 
 func protoMarshal(env *pb.LogEnvelope) ([]byte, error) { return proto.Marshal(env) }

@@ -129,7 +129,7 @@ func (c *Collector) ingest(ctx echo.Context) error {
 	if id == "" {
 		return ctx.JSON(http.StatusBadRequest, errorBody{"the Worker-Id header is required"})
 	}
-	if err := checkWorkerID("Worker-Id", id); err != nil {
+	if err := frame.CheckWorkerIDField("Worker-Id", id); err != nil {
 		return ctx.JSON(http.StatusBadRequest, errorBody{err.Error()})
 	}
 	if c.ingestTokens != nil {

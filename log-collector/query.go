@@ -15,6 +15,8 @@ import (
 
 	"github.com/rs/zerolog"
 	"github.com/tidwall/gjson"
+
+	"github.com/smartroute/smartroute/proto/frame"
 )
 
 // Limits of GET /logs.
@@ -66,7 +68,7 @@ func parseLogQuery(raw string, now time.Time) (logQuery, error) {
 		}
 	}
 	if w := v.Get("worker"); w != "" {
-		if err := checkWorkerID("worker", w); err != nil {
+		if err := frame.CheckWorkerIDField("worker", w); err != nil {
 			return q, err
 		}
 		q.worker = w

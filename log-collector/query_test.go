@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/smartroute/smartroute/proto/frame"
 	pb "github.com/smartroute/smartroute/proto/smartroutev1"
 )
 
@@ -222,7 +223,7 @@ func FuzzParseLogsQuery(f *testing.F) {
 		if q.limit < 1 || q.limit > MaxQueryLimit {
 			t.Fatalf("limit %d accepted", q.limit)
 		}
-		if q.worker != "" && checkWorkerID("worker", q.worker) != nil {
+		if q.worker != "" && frame.CheckWorkerIDField("worker", q.worker) != nil {
 			t.Fatalf("worker %q accepted", q.worker)
 		}
 		if !q.since.IsZero() && !q.until.IsZero() && !q.since.Before(q.until) {

@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"cmp"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,16 +21,16 @@ import (
 	"time"
 
 	"github.com/tidwall/gjson"
-
-	"github.com/smartroute/smartroute/proto/frame"
 )
 
 // On disk, each worker has a directory under Config.Dir named after its id (bytes
-// outside [A-Za-z0-9_-], and a leading dot, written as %XX) holding:
+// outside [A-Za-z0-9_.-], and a leading dot, written as %XX; see workerDirName for
+// ids too long for that) holding:
 //
 //	00000001.jsonl, 00000002.jsonl, …  its records, one JSON object per line, oldest
 //	                                   file first; the highest number is being written
 //	state.json                         {"stream_id","last_seq","dropped","file","size","earlier"}
+//	worker-id                          the id, only when the name is hashed
 //
 // A batch is appended to the current file and fsynced; then state.json is replaced
 // (write, fsync, rename, fsync the directory) with the batch's seq and the file's new
@@ -38,8 +40,12 @@ import (
 
 const (
 	stateFile    = "state.json"
+	idFile       = "worker-id"
 	dataSuffix   = ".jsonl"
-	maxNameBytes = 240 // of an escaped worker id, within file-name limits
+	maxNameBytes = 240 // of a worker's directory name, within file-name limits
+	// hashMark separates a hashed name's prefix from its hash; escapeWorkerID never
+	// writes it, so a hashed name is never an escaped one.
+	hashMark = "~"
 )
 
 // workerState is state.json: where a worker's stream stands on disk.
@@ -294,17 +300,24 @@ func escapeWorkerID(id string) string {
 	return b.String()
 }
 
-// checkWorkerID validates a Worker-Id header or worker query parameter: the
-// dispatcher's rule (frame.CheckWorkerIDField), and an escaped length that fits a
-// directory name.
-func checkWorkerID(field, id string) error {
-	if err := frame.CheckWorkerIDField(field, id); err != nil {
-		return err
+// workerDirName names the directory of a worker whose id frame.CheckWorkerID takes:
+// the escaped id (escapeWorkerID) if that fits maxNameBytes; else, since an id of
+// 256 bytes escapes to as many as 768, the escaped id cut to fit, hashMark and a hash
+// of the id (hashed), which leaves the name recognisable and tells ids apart. A
+// hashed name does not give the id back: the directory keeps it in idFile.
+func workerDirName(id string) (name string, hashed bool) {
+	name = escapeWorkerID(id)
+	if len(name) <= maxNameBytes {
+		return name, false
 	}
-	if len(escapeWorkerID(id)) > maxNameBytes {
-		return fmt.Errorf("%s %q is too long to name a log directory", field, id)
+	sum := sha256.Sum256([]byte(id))
+	tail := hashMark + hex.EncodeToString(sum[:16])
+	cut := maxNameBytes - len(tail)
+	// Not inside a %XX: '%' only ever starts one.
+	if i := strings.LastIndexByte(name[cut-2:cut], '%'); i >= 0 {
+		cut -= 2 - i
 	}
-	return nil
+	return name[:cut] + tail, true
 }
 
 // worker returns the worker's log, opening (and recovering) it on first use and
@@ -322,7 +335,8 @@ func (s *store) open(id string, create bool) (*workerLog, error) {
 	if w := s.workers[id]; w != nil {
 		return w, nil
 	}
-	w, err := openWorker(filepath.Join(s.dir, escapeWorkerID(id)), id, create)
+	name, hashed := workerDirName(id)
+	w, err := openWorker(filepath.Join(s.dir, name), id, hashed, create)
 	if err != nil {
 		return nil, fmt.Errorf("open logs of worker %s: %w", id, err)
 	}
@@ -345,7 +359,15 @@ func (s *store) workerIDs() ([]string, error) {
 		if !e.IsDir() {
 			continue
 		}
-		if id, err := url.PathUnescape(e.Name()); err == nil && escapeWorkerID(id) == e.Name() {
+		id, err := url.PathUnescape(e.Name())
+		if strings.Contains(e.Name(), hashMark) {
+			// Unreadable, or not yet written (checkIDFile): the worker is not
+			// listed until it is next opened, by a stream or a query naming it.
+			var b []byte
+			b, err = os.ReadFile(filepath.Join(s.dir, e.Name(), idFile))
+			id = string(b)
+		}
+		if name, _ := workerDirName(id); err == nil && name == e.Name() {
 			ids = append(ids, id)
 		}
 	}
@@ -368,9 +390,10 @@ func (s *store) close() error {
 	return errors.Join(errs...)
 }
 
-// openWorker opens the worker whose directory is dir; without create, a missing
-// directory gives nil.
-func openWorker(dir, id string, create bool) (*workerLog, error) {
+// openWorker opens the worker whose directory is dir, named by workerDirName
+// (hashed: the name does not give the id back); without create, a missing directory
+// gives nil.
+func openWorker(dir, id string, hashed, create bool) (*workerLog, error) {
 	if create {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, err
@@ -383,6 +406,11 @@ func openWorker(dir, id string, create bool) (*workerLog, error) {
 	}
 	if err != nil {
 		return nil, err
+	}
+	if hashed {
+		if err := w.checkIDFile(); err != nil {
+			return nil, err
+		}
 	}
 	for _, e := range entries {
 		if n, ok := dataFileNumber(e.Name()); ok {
@@ -433,6 +461,20 @@ func openWorker(dir, id string, create bool) (*workerLog, error) {
 		w.state.Size = fi.Size() // shortened by hand; carry on from what is there
 	}
 	return w, nil
+}
+
+// checkIDFile makes sure that w's hashed directory is w's and names w in idFile,
+// which workerIDs reads. A new directory gets the file before any record is written;
+// one whose first stream failed before that (a crash) gets it on opening.
+func (w *workerLog) checkIDFile() error {
+	b, err := os.ReadFile(filepath.Join(w.dir, idFile))
+	switch {
+	case err == nil && string(b) != w.id: // a hash collision, or a file edited by hand
+		return fmt.Errorf("%s names another worker, %q", filepath.Join(w.dir, idFile), b)
+	case errors.Is(err, fs.ErrNotExist):
+		_, err = writeFileRenamed(w.dir, idFile, []byte(w.id), w.syncDir)
+	}
+	return err
 }
 
 func dataFileNumber(name string) (int, bool) {
@@ -584,7 +626,12 @@ func writeStateRenamed(dir string, st workerState, syncDir func(string) error) (
 	if err != nil {
 		return false, err
 	}
-	tmp := filepath.Join(dir, stateFile+".tmp")
+	return writeFileRenamed(dir, stateFile, b, syncDir)
+}
+
+// writeFileRenamed replaces the file name in dir with b as writeStateRenamed does.
+func writeFileRenamed(dir, name string, b []byte, syncDir func(string) error) (renamed bool, err error) {
+	tmp := filepath.Join(dir, name+".tmp")
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
 		return false, err
@@ -599,7 +646,7 @@ func writeStateRenamed(dir string, st workerState, syncDir func(string) error) (
 	if err != nil {
 		return false, err
 	}
-	if err := os.Rename(tmp, filepath.Join(dir, stateFile)); err != nil {
+	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
 		return false, err
 	}
 	return true, syncDir(dir)
