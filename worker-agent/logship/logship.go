@@ -242,7 +242,7 @@ type Shipper struct {
 	// closing is closed by Close: flush, then stop.
 	closing chan struct{}
 	// hardStop ends the flush when CloseTimeout passes; it cancels dials and closes
-	// the connection.
+	// the connection, also during the upgrade (session).
 	hardStop context.Context
 	stopNow  context.CancelFunc
 	// done is closed when the run goroutine returns.

@@ -1,6 +1,7 @@
 package logship
 
 import (
+	"bufio"
 	"bytes"
 	"fmt"
 	"net"
@@ -356,6 +357,52 @@ func TestCloseIsBounded(t *testing.T) {
 	}
 	if d := time.Since(start); d > 5*time.Second {
 		t.Fatalf("Close took %s with a 100ms bound", d)
+	}
+}
+
+// Close is bounded by CloseTimeout also while the upgrade is unanswered: a collector
+// (or a mesh sidecar before it) that accepts TCP and says nothing. gorilla/websocket
+// heeds the dial context's deadline there, not its cancellation, so the upgrade would
+// run on for HandshakeTimeout.
+func TestCloseCutsAnUnansweredUpgrade(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	requested := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		// Read the upgrade request, then say nothing.
+		if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+			t.Errorf("upgrade request: %v", err)
+		}
+		requested <- c
+	}()
+	cfg := testConfig("ws://" + ln.Addr().String() + "/ingest")
+	cfg.CloseTimeout, cfg.HandshakeTimeout = 50*time.Millisecond, time.Minute
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeRecords(t, s, 0, 1)
+	c := <-requested // the shipper is waiting for the upgrade's response
+	defer c.Close()
+	closed := make(chan error, 1)
+	go func() { closed <- s.Close() }()
+	select {
+	case err = <-closed:
+	case <-time.After(20 * time.Second): // far below HandshakeTimeout, far above CloseTimeout
+		c.Close() // fails the upgrade, so that Close returns
+		<-closed
+		t.Fatalf("Close still waiting 20s into a %s CloseTimeout: the unanswered upgrade was not cut", cfg.CloseTimeout)
+	}
+	if err == nil || !strings.Contains(err.Error(), "1 records not acknowledged") {
+		t.Fatalf("Close = %v", err)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -73,15 +74,28 @@ func (s *Shipper) session() (welcomed bool, err error) {
 	if s.cfg.Token != "" {
 		header.Set("Authorization", credential.Header(s.cfg.Token))
 	}
-	conn, resp, err := s.dialer.DialContext(dctx, s.url, header)
+	// Past CloseTimeout any read or write in progress ends at once: the connection is
+	// closed. From the dial on, since gorilla/websocket (v1.5.3) heeds dctx's
+	// cancellation only while connecting and in TLS: the upgrade's request and
+	// response would wait out HandshakeTimeout, past CloseTimeout.
+	var unwatch func() bool
+	d := *s.dialer
+	d.NetDialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err == nil {
+			unwatch = context.AfterFunc(s.hardStop, func() { _ = c.Close() })
+		}
+		return c, err
+	}
+	conn, resp, err := d.DialContext(dctx, s.url, header)
 	cancel()
+	if unwatch != nil {
+		defer unwatch()
+	}
 	if err != nil {
 		return false, dialError(resp, err)
 	}
 	defer conn.Close()
-	// Past CloseTimeout any read or write in progress ends at once.
-	stop := context.AfterFunc(s.hardStop, func() { _ = conn.Close() })
-	defer stop()
 	conn.SetReadLimit(maxAckFrame)
 
 	hello := &pb.LogEnvelope{Body: &pb.LogEnvelope_Hello{Hello: &pb.LogHello{
