@@ -108,13 +108,16 @@ type store struct {
 	trimMu        sync.Mutex
 
 	now func() time.Time // time.Now; tests move it on
+	// syncDir fsyncs the logs directory after a worker's directory is made in it;
+	// a test may fail it.
+	syncDir func(dir string) error
 }
 
 func newStore(dir string, maxFileBytes int64, maxFiles int) (*store, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("log directory: %w", err)
 	}
-	return &store{dir: dir, maxFileBytes: maxFileBytes, maxFiles: maxFiles, workers: map[string]*workerLog{}, now: time.Now}, nil
+	return &store{dir: dir, maxFileBytes: maxFileBytes, maxFiles: maxFiles, workers: map[string]*workerLog{}, now: time.Now, syncDir: syncDir}, nil
 }
 
 // goneAfter is how long a worker must have had no stream, and written nothing, before
@@ -270,6 +273,9 @@ type workerLog struct {
 	dirUnsynced bool
 	// syncDir fsyncs the worker's directory; a test may fail it.
 	syncDir func(dir string) error
+	// named: the logs directory was fsynced after this worker's directory was made
+	// (store.open, under store.mu).
+	named bool
 }
 
 // settle makes state.json's last rename durable if its directory fsync failed, so
@@ -332,19 +338,29 @@ func (s *store) existing(id string) (*workerLog, error) { return s.open(id, fals
 func (s *store) open(id string, create bool) (*workerLog, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if w := s.workers[id]; w != nil {
-		return w, nil
-	}
-	name, hashed := workerDirName(id)
-	w, err := openWorker(filepath.Join(s.dir, name), id, hashed, create)
-	if err != nil {
-		return nil, fmt.Errorf("open logs of worker %s: %w", id, err)
-	}
+	w := s.workers[id]
 	if w == nil {
-		return nil, nil
+		name, hashed := workerDirName(id)
+		var err error
+		if w, err = openWorker(filepath.Join(s.dir, name), id, hashed, create); err != nil {
+			return nil, fmt.Errorf("open logs of worker %s: %w", id, err)
+		}
+		if w == nil {
+			return nil, nil
+		}
+		w.detachedAt = s.now()
+		s.workers[id] = w
 	}
-	w.detachedAt = s.now()
-	s.workers[id] = w
+	if create && !w.named {
+		// The directory's own name must survive a power cut before a batch in it is
+		// acknowledged: fsyncing the files and state.json inside does not make the
+		// entry in the logs directory durable. Once per worker and process, so a
+		// directory made by a run that crashed before this fsync gets it too.
+		if err := s.syncDir(s.dir); err != nil {
+			return nil, fmt.Errorf("open logs of worker %s: logs directory: %w", id, err)
+		}
+		w.named = true
+	}
 	return w, nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -165,5 +166,42 @@ func TestUnsyncedStateRenameIsNotVouchedFor(t *testing.T) {
 	failing.Store(false)
 	if _, last := connect(t, r.ingestURL(), "w1", "s1"); last != 2 {
 		t.Fatalf("welcome last_seq %d once the directory fsync works, want 2", last)
+	}
+}
+
+// A worker's directory entry is made durable (the logs directory fsynced) before
+// anything in it is acknowledged; when that fsync fails, the worker is not opened for
+// writing, and the next try fsyncs again, although the directory now exists.
+func TestNewWorkerDirectoryIsMadeDurable(t *testing.T) {
+	t.Parallel()
+	st, err := newStore(t.TempDir(), 1<<20, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.close()
+	var synced []string
+	fail := true
+	st.syncDir = func(dir string) error {
+		synced = append(synced, dir)
+		if fail {
+			return errors.New("input/output error")
+		}
+		return nil
+	}
+	if _, err := st.existing("w1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.worker("w1"); err == nil || !strings.Contains(err.Error(), "input/output error") {
+		t.Fatalf("worker with the logs directory's fsync failing: %v, want its error", err)
+	}
+	fail = false
+	if _, err := st.worker("w1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.worker("w1"); err != nil {
+		t.Fatal(err)
+	}
+	if len(synced) != 2 || synced[0] != st.dir || synced[1] != st.dir {
+		t.Fatalf("fsynced %q, want the logs directory %s twice (the failed try and the next), then no more", synced, st.dir)
 	}
 }
