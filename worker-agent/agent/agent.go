@@ -498,7 +498,23 @@ func (a *agent) connect(ctx context.Context) (*session, error) {
 	if a.cfg.WorkerToken != "" {
 		header.Set("Authorization", credential.Header(a.cfg.WorkerToken))
 	}
-	conn, resp, err := a.dialer.DialContext(ctx, a.cfg.DispatcherURL, header)
+	// gorilla/websocket (v1.5.3) heeds ctx only while connecting and in TLS: a dispatcher
+	// (or proxy) that takes the connection and never answers the upgrade would hold a
+	// shutdown for HandshakeTimeout. So the connection is closed on shutdown from the
+	// moment it exists until the handshake is over; the session watches it after that.
+	var unwatch func() bool
+	d := *a.dialer
+	d.NetDialContext = func(dctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := a.dialer.NetDialContext(dctx, network, addr)
+		if err == nil {
+			unwatch = context.AfterFunc(ctx, func() { _ = c.Close() })
+		}
+		return c, err
+	}
+	conn, resp, err := d.DialContext(ctx, a.cfg.DispatcherURL, header)
+	if unwatch != nil {
+		unwatch()
+	}
 	if err != nil {
 		return nil, dialError(resp, err)
 	}

@@ -1,7 +1,11 @@
 package agent_test
 
 import (
+	"bufio"
+	"context"
 	"errors"
+	"io"
+	"net"
 	"net/http"
 	"slices"
 	"strings"
@@ -286,5 +290,47 @@ func TestSilentDispatcherIsNoticed(t *testing.T) {
 	}
 	if !timedOut {
 		t.Error("no disconnect for a read timeout was logged")
+	}
+}
+
+// Shutdown while the dispatcher has taken the TCP connection but not answered the
+// upgrade (a hung dispatcher, or a proxy whose upstream is down) ends the agent at once:
+// gorilla/websocket heeds the dial's context only while connecting, so the agent had
+// waited out HandshakeTimeout (10 s by default) before it could exit.
+func TestShutdownCutsAnUnansweredUpgrade(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	requested := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		if _, err := http.ReadRequest(bufio.NewReader(c)); err == nil { // then say nothing
+			requested <- c
+		}
+	}()
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() {
+		done <- agent.Run(ctx, agent.Config{DispatcherURL: "ws://" + ln.Addr().String() + "/worker-listen",
+			WorkerID: "w-hung", LogOutput: io.Discard, HandshakeTimeout: time.Minute})
+	}()
+	c := <-requested
+	defer c.Close()
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run = %v, want nil after shutdown", err)
+		}
+	case <-time.After(20 * time.Second): // far below HandshakeTimeout
+		c.Close()
+		<-done
+		t.Fatal("Run still waiting 20s after shutdown for an upgrade that was never answered")
 	}
 }
