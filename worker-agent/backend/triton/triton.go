@@ -470,7 +470,10 @@ func (b *Backend) Load(ctx context.Context, label string) error {
 func (b *Backend) runLoad(ctx context.Context, label string, m *modelOps, c *loadCall) {
 	defer c.cancel()
 	err := m.acquire(ctx)
-	if err == nil {
+	if err != nil {
+		// Said like Unload's: the dispatcher records this text as the label's load error.
+		err = fmt.Errorf("triton load %q: waiting for the operation under way: %w", label, err)
+	} else {
 		// Memory an unload frees is free only once the model has left UNLOADING;
 		// loading into it earlier has crashed Triton.
 		if err = b.waitForRoom(ctx, label); err == nil {

@@ -327,6 +327,33 @@ func TestUnloadTimesOut(t *testing.T) {
 	}
 }
 
+// A Load whose LoadTimeout passes while it waits for the model's lock (an Unload of
+// it still polling a model stuck UNLOADING) says so: its text is what the dispatcher
+// records as the label's load error, and a bare "context deadline exceeded" named
+// neither the model nor what it waited for.
+func TestLoadWaitingForTheLockSaysWhy(t *testing.T) {
+	t.Parallel()
+	x := setup(t, fake.Config{Models: []string{"m"}, Preload: []string{"m"}}, func(c *triton.Config) {
+		c.LoadTimeout = 50 * time.Millisecond
+		c.UnloadTimeout = time.Hour
+	})
+	events := x.fake.Subscribe()
+	release := x.fake.HoldUnloads("m")
+	defer release()
+	unloaded := make(chan error, 1)
+	go func() { unloaded <- x.b.Unload(t.Context(), "m") }()
+	await(t, events, "index_unloading m") // the Unload holds m's lock and polls
+	err := x.b.Load(t.Context(), "m")
+	release()
+	if uerr := errorOf(t, unloaded); uerr != nil {
+		t.Fatal(uerr)
+	}
+	want := `triton load "m": waiting for the operation under way: `
+	if err == nil || !strings.HasPrefix(err.Error(), want) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Load = %v, want %q and context.DeadlineExceeded", err, want+"...")
+	}
+}
+
 // An unload Triton refuses leaves the model loaded: the agent goes on counting it as
 // held, so the backend must go on treating it as its own and load it again when Triton
 // loses it. It forgot it, and every task on the label failed with Triton's 404.
