@@ -168,7 +168,7 @@ func TestAgentMetricsSeriesExistBeforeTheirFirstEvent(t *testing.T) {
 			}
 		}
 	}
-	for _, op := range []string{"load", "unload", "infer", "index", "live"} {
+	for _, op := range []string{"load", "unload", "infer", "index", "live", "ready"} {
 		want := map[string]string{"op": op}
 		if got := metricValue(t, reg, "smartroute_agent_triton_errors_total", want); got != 0 {
 			t.Errorf("triton_errors_total%v = %v before any call failed, want 0", want, got)

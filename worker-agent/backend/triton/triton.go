@@ -65,10 +65,14 @@ const (
 	OpInfer  = "infer"
 	OpIndex  = "index"
 	OpLive   = "live"
+	// OpReady is the model readiness check an infer makes when Triton says the model
+	// is not there. Its "not ready" answers (400, 404) are what it asks for, so only
+	// no answer or a 5xx counts as its failure.
+	OpReady = "ready"
 )
 
 // Ops lists every Op, so that a caller can make a zero series for each up front.
-func Ops() []string { return []string{OpLoad, OpUnload, OpInfer, OpIndex, OpLive} }
+func Ops() []string { return []string{OpLoad, OpUnload, OpInfer, OpIndex, OpLive, OpReady} }
 
 // Defaults filled in by WithDefaults.
 const (
@@ -117,7 +121,7 @@ type Config struct {
 	// Log receives the backend's records. The zero logger writes nothing.
 	Log zerolog.Logger
 	// OnError, when set, is called with the Op of every failed Triton call (the agent
-	// counts them in its metrics). Nil means none.
+	// counts them in its metrics), always one of Ops. Nil means none.
 	OnError func(op string)
 }
 
@@ -753,7 +757,13 @@ func (b *Backend) infer(ctx context.Context, label string, body []byte, replayab
 	}
 	// 404 (unknown), 503 (unavailable) or, from an old server, 400 for anything: ask
 	// whether the model is ready before blaming the request.
-	if _, rerr := b.call(ctx, "ready", label, http.MethodGet, "/v2/models/"+url.PathEscape(label)+"/ready", nil, true); rerr == nil || !errors.As(rerr, &te) || te.StatusCode == 0 {
+	_, rerr := b.send(ctx, OpReady, label, http.MethodGet, "/v2/models/"+url.PathEscape(label)+"/ready", nil, true)
+	var re *Error
+	answered := errors.As(rerr, &re) && re.StatusCode != 0
+	if rerr != nil && (!answered || re.StatusCode >= 500) {
+		b.failed(OpReady)
+	}
+	if rerr == nil || !answered {
 		return nil, err
 	}
 	b.log.Warn().Err(err).Str("label", label).Msg("triton lost a loaded model; loading it again")
@@ -889,21 +899,30 @@ func flattenNumbers(v any, out []json.Number) ([]json.Number, error) {
 	}
 }
 
-// call sends one request and returns the body of a 2xx answer, or an *Error carrying
+// call sends one request (see send) and reports a failure to OnError.
+func (b *Backend) call(ctx context.Context, op, model, method, path string, body []byte, replayable bool) ([]byte, error) {
+	out, err := b.send(ctx, op, model, method, path, body, replayable)
+	if err != nil {
+		b.failed(op)
+	}
+	return out, err
+}
+
+// failed tells OnError, if set, that a call of op failed.
+func (b *Backend) failed(op string) {
+	if b.cfg.OnError != nil {
+		b.cfg.OnError(op)
+	}
+}
+
+// send sends one request and returns the body of a 2xx answer, or an *Error carrying
 // Triton's message for any other status. Loads go through loadClient.
 //
 // A replayable request is one Triton may receive twice to no harm. Go's transport then
 // sends it again by itself, on a new connection, when a kept-alive connection turns out
 // closed before any answer (Triton's or a proxy's idle timeout); otherwise it does that
 // only for GET and HEAD, and the first call after an idle spell failed.
-func (b *Backend) call(ctx context.Context, op, model, method, path string, body []byte, replayable bool) (_ []byte, err error) {
-	if b.cfg.OnError != nil {
-		defer func() {
-			if err != nil {
-				b.cfg.OnError(op)
-			}
-		}()
-	}
+func (b *Backend) send(ctx context.Context, op, model, method, path string, body []byte, replayable bool) ([]byte, error) {
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)

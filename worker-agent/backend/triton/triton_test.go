@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -634,6 +635,60 @@ func TestRunReloadsAModelTritonLost(t *testing.T) {
 	// A model this backend never loaded is not loaded behind the agent's back.
 	if _, err := x.b.Run(t.Context(), backend.Task{Type: triton.TaskInfer, Label: "other", Params: params}); err == nil {
 		t.Fatal("Run on a model never loaded succeeded")
+	}
+}
+
+// OnError hears only Ops (the agent makes a metric series for each up front), and only
+// failures. The readiness check an infer makes after Triton's 404 reported op "ready",
+// which has no series, and counted the answer it asks for as a failure.
+func TestOnErrorHearsFailedCallsOfOps(t *testing.T) {
+	t.Parallel()
+	var (
+		mu        sync.Mutex
+		ops       []string
+		readyFail atomic.Bool
+	)
+	x := serve(t, fake.New(fake.Config{Models: []string{"m"}}), func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if readyFail.Load() && strings.HasSuffix(r.URL.Path, "/ready") {
+				w.WriteHeader(http.StatusInternalServerError)
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	}, func(c *triton.Config) {
+		c.OnError = func(op string) { mu.Lock(); ops = append(ops, op); mu.Unlock() }
+	})
+	heard := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(ops)
+	}
+	if err := x.b.Load(t.Context(), "m"); err != nil {
+		t.Fatal(err)
+	}
+	// Triton lost m: the infer's 404 is a failure, the readiness check's 404 is not.
+	unloadBehindTheBackend(t, x)
+	if _, err := x.b.Run(t.Context(), backend.Task{Type: triton.TaskInfer, Label: "m", Params: params}); err != nil {
+		t.Fatal(err)
+	}
+	if got := heard(); !slices.Equal(got, []string{triton.OpInfer}) {
+		t.Fatalf("OnError heard %q, want only infer's failure", got)
+	}
+	// A readiness check answered 500 did fail, and counts under an Op of Ops.
+	readyFail.Store(true)
+	unloadBehindTheBackend(t, x)
+	if _, err := x.b.Run(t.Context(), backend.Task{Type: triton.TaskInfer, Label: "m", Params: params}); err != nil {
+		t.Fatal(err)
+	}
+	got := heard()
+	if !slices.Equal(got, []string{triton.OpInfer, triton.OpInfer, triton.OpReady}) {
+		t.Fatalf("OnError heard %q, want infer, infer, ready", got)
+	}
+	for _, op := range got {
+		if !slices.Contains(triton.Ops(), op) {
+			t.Fatalf("OnError(%q), which Ops() %q lacks", op, triton.Ops())
+		}
 	}
 }
 
