@@ -108,7 +108,7 @@ type Server struct {
 	models        map[string]*model
 	events        []string
 	subscribers   []chan string
-	loadsUnderway []string // "b while a UNLOADING", for loads started while another model was unloading
+	loadsUnderway []string // "b while a UNLOADING", for loads that came while a model (b itself too) was unloading
 	failIndex     int      // index requests left to fail with 500 (FailIndex)
 }
 
@@ -376,15 +376,17 @@ func (s *Server) MaxConcurrentLoads(name string) int {
 	return 0
 }
 
-// LoadsWhileUnloading lists loads started while another model was UNLOADING, as
-// "b while a UNLOADING": loading into room not yet freed has crashed Triton.
+// LoadsWhileUnloading lists loads that came while a model was UNLOADING, as
+// "b while a UNLOADING" ("a while a UNLOADING" for a load of the model unloading):
+// loading into room not yet freed has crashed Triton.
 func (s *Server) LoadsWhileUnloading() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return slices.Clone(s.loadsUnderway)
 }
 
-// Events returns what happened so far, in order: "load_start m", "loaded m",
+// Events returns what happened so far, in order: "load_requested m" (any load call,
+// once LoadsWhileUnloading has recorded it), "load_start m", "loaded m",
 // "load_failed m", "unload_requested m" (any unload call), "unload_start m" (m went
 // UNLOADING), "unloaded m", "index_unloading m" (an index read while m was UNLOADING),
 // "infer m" and "live_refused" (a liveness check answered 400).
@@ -590,6 +592,7 @@ func (s *Server) load(w http.ResponseWriter, r *http.Request) {
 	s.readRepositoryLocked()
 	m := s.modelLocked(name)
 	m.loadRequests++
+	s.eventLocked("load_requested", name)
 	// A load request counts as under way until it is answered or, once it has started
 	// loading, until the load settles (which may be after the client gave up).
 	m.loadsInFlight++
@@ -607,7 +610,12 @@ func (s *Server) load(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, http.StatusInternalServerError, fmt.Sprintf("failed to load '%s', failed to poll from model repository", name))
 		return
 	}
-	// An unload under way finishes first.
+	// An unload of this model under way finishes first, but the load is recorded all
+	// the same: on Triton, a load before the unload has freed the memory has crashed
+	// the server, so a client must never send it.
+	if m.state == StateUnloading {
+		s.loadsUnderway = append(s.loadsUnderway, name+" while "+name+" UNLOADING")
+	}
 	for m.state == StateUnloading {
 		done := m.unloadDone
 		s.mu.Unlock()

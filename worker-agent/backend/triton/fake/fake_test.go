@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -165,6 +166,46 @@ func TestUnloadWaitsForInFlightRequestsAndDelays(t *testing.T) {
 	await(t, events, "unloaded a")
 	if got := f.State("a"); got != fake.StateUnavailable {
 		t.Fatalf("state %q", got)
+	}
+}
+
+// A load of a model that is still UNLOADING waits for the unload to end, and is
+// recorded all the same: Triton is not known to wait (a load before the unload has
+// freed memory has crashed servers), so a client that sends one must fail its tests.
+// It was recorded only while another model was unloading.
+func TestLoadDuringItsOwnUnloadIsRecorded(t *testing.T) {
+	t.Parallel()
+	f := fake.New(fake.Config{Models: []string{"a"}, Preload: []string{"a"}})
+	c := serve(t, f)
+	events := f.Subscribe()
+	release := f.HoldUnloads("a")
+	defer release()
+	c.expect("POST", "/v2/repository/models/a/unload", "", 200, "")
+	if st := f.State("a"); st != fake.StateUnloading {
+		t.Fatalf("state %q after the unload, want UNLOADING", st)
+	}
+	loaded := make(chan int, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(t.Context(), "POST", c.url+"/v2/repository/models/a/load", nil)
+		resp, err := c.http.Do(req)
+		if err != nil {
+			loaded <- 0
+			return
+		}
+		resp.Body.Close()
+		loaded <- resp.StatusCode
+	}()
+	await(t, events, "load_requested a")
+	if w := f.LoadsWhileUnloading(); !slices.Equal(w, []string{"a while a UNLOADING"}) {
+		t.Errorf("LoadsWhileUnloading = %q, want the load of a while a was UNLOADING", w)
+	}
+	release()
+	if code := <-loaded; code != 200 {
+		t.Fatalf("load = %d, want 200 once the unload ended", code)
+	}
+	evs := f.Events()
+	if i, j := slices.Index(evs, "unloaded a"), slices.Index(evs, "load_start a"); i < 0 || j < i {
+		t.Fatalf("events %q: the load started before the unload ended", evs)
 	}
 }
 
