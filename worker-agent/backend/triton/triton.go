@@ -17,6 +17,8 @@
 //     An unload Triton took but that has not ended fails with backend.ErrUnloading;
 //     any other failure may leave the model loaded, and it stays this backend's.
 //   - Loads and unloads of one model never overlap.
+//   - A failed index read in these waits is made again after a backoff: up to
+//     indexTries in a row in a load or an unload, until StartTimeout at start.
 //   - Index reads, unloads and inferences (but those of a sequence) may be sent twice,
 //     so Go's transport resends them when a kept-alive connection turns out closed; a
 //     load never is, and goes out on a new connection.
@@ -88,6 +90,14 @@ const (
 
 // maxErrorBody bounds how much of an error answer is read for its message.
 const maxErrorBody = 64 << 10
+
+// indexTries bounds the index reads in a row a load or an unload makes before giving
+// up: a repository on a network volume fails a read now and then (Triton's 500
+// "failed to poll the model repository"), and one such hiccup must not fail a load.
+const indexTries = 5
+
+// maxIndexBackoff caps the wait between failed index reads (PollInterval if longer).
+const maxIndexBackoff = 2 * time.Second
 
 // Config configures the backend. Each field's comment says what its zero value means.
 type Config struct {
@@ -287,19 +297,22 @@ func (b *Backend) WaitStarted(ctx context.Context) error {
 	if err := b.waitLive(ctx); err != nil {
 		return err
 	}
+	// Failed index reads are tried again until StartTimeout: given up on, a load still
+	// under way would end READY after Inventory, holding memory nobody counts.
 	loading, err := b.awaitIndex(ctx, firstInState("LOADING"), func(loading string) {
 		b.log.Info().Str("label", loading).Msg("waiting for a load under way at start to end")
-	})
+	}, 0)
 	switch {
 	case err == nil:
+		return nil
 	case errors.Is(ctx.Err(), context.DeadlineExceeded) && loading != "":
 		return fmt.Errorf("triton at %s: model %q still LOADING after %s: %w", b.cfg.URL, loading, b.cfg.StartTimeout, err)
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return fmt.Errorf("triton at %s: repository index not readable within %s: %w", b.cfg.URL, b.cfg.StartTimeout, err)
 	case ctx.Err() != nil:
 		return ctx.Err()
-	default: // Inventory reads the index again, and says what went wrong
-		b.log.Warn().Err(err).Msg("reading the index at start failed")
 	}
-	return nil
+	return err
 }
 
 // waitLive waits until Triton is live or ctx ends.
@@ -549,7 +562,7 @@ func (b *Backend) waitForRoom(ctx context.Context, label string) error {
 		return ""
 	}, func(unloading string) {
 		b.log.Info().Str("label", label).Str("waiting_for", unloading).Msg("waiting for an unload, or an abandoned load, to end before loading")
-	})
+	}, indexTries)
 	if err == nil {
 		for _, name := range ready {
 			if err := b.unloadAbandoned(ctx, name); err != nil {
@@ -601,30 +614,45 @@ func firstInState(state string) func([]indexEntry) string {
 }
 
 // awaitIndex reads the index, at once and then every PollInterval, until pending
-// finds nothing in it to wait for (""). onWait hears the first thing it waits for. On
-// an error it returns what it was still waiting for, "" if nothing yet.
-func (b *Backend) awaitIndex(ctx context.Context, pending func([]indexEntry) string, onWait func(string)) (string, error) {
+// finds nothing in it to wait for (""). onWait hears the first thing it waits for. A
+// failed read is made again after a backoff doubling from PollInterval, until tries
+// reads in a row have failed, or (tries 0) until ctx ends. On an error it returns what
+// it was still waiting for, "" if nothing yet.
+func (b *Backend) awaitIndex(ctx context.Context, pending func([]indexEntry) string, onWait func(string), tries int) (string, error) {
 	var (
-		t       *time.Ticker
-		waiting string
+		waiting  string
+		told     bool
+		failures int
 	)
 	for {
 		entries, err := b.index(ctx)
+		delay := b.cfg.PollInterval
 		if err != nil {
-			return waiting, err
-		}
-		if waiting = pending(entries); waiting == "" {
-			return "", nil
-		}
-		if t == nil {
-			if onWait != nil {
+			failures++
+			if ctx.Err() != nil || failures == tries {
+				return waiting, err
+			}
+			if failures == 1 {
+				b.log.Warn().Err(err).Msg("reading the repository index failed; reading it again")
+			}
+			delay = min(b.cfg.PollInterval<<min(failures-1, 10), max(maxIndexBackoff, b.cfg.PollInterval))
+		} else {
+			failures = 0
+			if waiting = pending(entries); waiting == "" {
+				return "", nil
+			}
+			if !told && onWait != nil {
 				onWait(waiting)
 			}
-			t = time.NewTicker(b.cfg.PollInterval)
-			defer t.Stop()
+			told = true
 		}
+		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():
+			t.Stop()
+			if err != nil {
+				return waiting, fmt.Errorf("%w (the last index read failed: %w)", ctx.Err(), err)
+			}
 			return waiting, ctx.Err()
 		case <-t.C:
 		}
@@ -665,7 +693,7 @@ func (b *Backend) unload(ctx context.Context, label string) error {
 		return err
 	}
 	// Triton took the unload: from here on it is under way, whatever the index says.
-	state, err := b.awaitIndex(ctx, func(entries []indexEntry) string { return heldState(entries, label) }, nil)
+	state, err := b.awaitIndex(ctx, func(entries []indexEntry) string { return heldState(entries, label) }, nil, indexTries)
 	switch {
 	case err == nil:
 		return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -510,63 +511,102 @@ func TestWaitStarted(t *testing.T) {
 // killed while loading it; Triton goes on loading after the client is gone) ends up in
 // memory. Inventory must count it, so WaitStarted waits for the load to settle:
 // reported as not loaded, it held room the agent believed free, and the agent loaded
-// one model more than its capacity.
+// one model more than its capacity. A failed index read (the repository's volume
+// hiccups) is read again: WaitStarted gave up the wait on the first one.
 func TestWaitStartedWaitsForALoadLeftUnderWay(t *testing.T) {
 	t.Parallel()
-	f := fake.New(fake.Config{Models: []string{"a", "b"}})
-	release := f.HoldLoads("a")
-	indexRead := make(chan struct{}, 1)
-	x := serve(t, f, func(next http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.URL.Path == "/v2/repository/index" {
+	for _, failed := range []int{0, 1, 3} {
+		t.Run(fmt.Sprintf("%d failed index reads", failed), func(t *testing.T) {
+			t.Parallel()
+			f := fake.New(fake.Config{Models: []string{"a", "b"}})
+			release := f.HoldLoads("a")
+			indexRead := make(chan struct{}, 8)
+			x := serve(t, f, func(next http.Handler) http.Handler {
+				return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					next.ServeHTTP(w, r)
+					if r.URL.Path == "/v2/repository/index" {
+						indexRead <- struct{}{} // answered
+					}
+				})
+			}, func(c *triton.Config) { c.StartTimeout = time.Hour })
+			b, srv := x.b, x.srv
+			// The previous agent's load, which nobody waits for any more.
+			events := f.Subscribe()
+			lctx, cancelLoad := context.WithCancel(t.Context())
+			loadDone := make(chan struct{})
+			go func() {
+				defer close(loadDone)
+				req, _ := http.NewRequestWithContext(lctx, http.MethodPost, srv.URL+"/v2/repository/models/a/load", nil)
+				if resp, err := srv.Client().Do(req); err == nil {
+					_ = resp.Body.Close()
+				}
+			}()
+			await(t, events, "load_start a")
+			cancelLoad()
+			<-loadDone
+
+			f.FailIndex(failed)
+			done := make(chan error, 1)
+			go func() { done <- b.WaitStarted(t.Context()) }()
+			// The load is let finish only once WaitStarted has read the index and seen
+			// it LOADING; a WaitStarted that returns before then did not wait for it.
+			var err error
+			for reads := 0; reads <= failed; {
 				select {
-				case indexRead <- struct{}{}:
-				default:
+				case <-indexRead:
+					reads++
+				case err = <-done:
+					t.Fatalf("WaitStarted = %v after %d index reads, while a is still LOADING", err, reads)
+				case <-time.After(waitLimit):
+					t.Fatal("WaitStarted neither returned nor read the index")
 				}
 			}
-			next.ServeHTTP(w, r)
+			release()
+			if err = errorOf(t, done); err != nil {
+				t.Fatal(err)
+			}
+			inv, err := b.Inventory(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(inv.Loaded, []string{"a"}) {
+				t.Fatalf("Inventory.Loaded = %q, want a: the load under way at start holds room", inv.Loaded)
+			}
 		})
-	}, func(c *triton.Config) { c.StartTimeout = time.Hour })
-	b, srv := x.b, x.srv
-	// The previous agent's load, which nobody waits for any more.
-	events := f.Subscribe()
-	lctx, cancelLoad := context.WithCancel(t.Context())
-	loadDone := make(chan struct{})
-	go func() {
-		defer close(loadDone)
-		req, _ := http.NewRequestWithContext(lctx, http.MethodPost, srv.URL+"/v2/repository/models/a/load", nil)
-		if resp, err := srv.Client().Do(req); err == nil {
-			_ = resp.Body.Close()
-		}
-	}()
-	await(t, events, "load_start a")
-	cancelLoad()
-	<-loadDone
-	for len(indexRead) > 0 {
-		<-indexRead
 	}
+}
 
-	done := make(chan error, 1)
-	go func() { done <- b.WaitStarted(t.Context()) }()
-	var err error
-	select {
-	case <-indexRead: // looking at the index: let the load finish
-		release()
-		err = errorOf(t, done)
-	case err = <-done: // returned without looking; the load is still under way
-	case <-time.After(waitLimit):
-		t.Fatal("WaitStarted neither returned nor read the index")
+// WaitStarted gives up, saying why, when the index stays unreadable for StartTimeout:
+// it cannot tell whether a load is under way.
+func TestWaitStartedGivesUpOnAnIndexItCannotRead(t *testing.T) {
+	t.Parallel()
+	x := setup(t, fake.Config{Models: []string{"a"}}, func(c *triton.Config) { c.StartTimeout = 50 * time.Millisecond })
+	x.fake.FailIndex(1 << 30)
+	err := x.b.WaitStarted(t.Context())
+	if err == nil || !strings.Contains(err.Error(), "repository index not readable within 50ms") || !strings.Contains(err.Error(), "failed to poll the model repository") {
+		t.Fatalf("WaitStarted = %v, want it to give up naming the index and Triton's message", err)
 	}
-	if err != nil {
-		t.Fatal(err)
+}
+
+// A load reads the index first and an unload reads it until the model has left
+// UNLOADING; one failed read (Triton's 500 when its repository volume hiccups) is read
+// again. It failed the load, reported as the label's LOAD_FAILED, and the unload.
+func TestIndexHiccupFailsNeitherLoadNorUnload(t *testing.T) {
+	t.Parallel()
+	x := setup(t, fake.Config{Models: []string{"m"}}, nil)
+	x.fake.FailIndex(1)
+	if err := x.b.Load(t.Context(), "m"); err != nil {
+		t.Fatalf("Load after one failed index read = %v", err)
 	}
-	inv, err := b.Inventory(t.Context())
-	release()
-	if err != nil {
-		t.Fatal(err)
+	if n := x.fake.LoadRequests("m"); n != 1 {
+		t.Fatalf("%d load requests, want 1", n)
 	}
-	if !slices.Equal(inv.Loaded, []string{"a"}) {
-		t.Fatalf("Inventory.Loaded = %q, want a: the load under way at start holds room", inv.Loaded)
+	x.fake.FailIndex(2)
+	if err := x.b.Unload(t.Context(), "m"); err != nil {
+		t.Fatalf("Unload after two failed index reads = %v", err)
+	}
+	if st := x.fake.State("m"); st != fake.StateUnavailable {
+		t.Fatalf("m is %q after Unload, want UNAVAILABLE", st)
 	}
 }
 
