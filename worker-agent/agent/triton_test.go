@@ -468,6 +468,31 @@ func TestTritonRefusingConnectionsRefusesTasks(t *testing.T) {
 	}
 }
 
+// A load whose index read keeps failing (the repository's volume is away) was never
+// sent: its task is refused, to run elsewhere, and the label gets no LOAD_FAILED, which
+// counts towards marking it failing on every worker.
+func TestTritonUnreadableIndexIsNotTheLabelsFailure(t *testing.T) {
+	t.Parallel()
+	f := fake.New(fake.Config{Models: []string{"a"}})
+	h := setup(t, withTriton(t, f), withConfig(func(c *agent.Config) { c.HealthInterval = time.Hour }))
+	p := h.connect()
+	f.FailIndex(1 << 30)
+	r := runTyped(p, "t1", "infer", "a", inferParams)
+	if r.GetOk() || !r.GetRefused() || r.GetLoadFailed() {
+		t.Fatalf("t1 %v, want refused", r)
+	}
+	if slices.ContainsFunc(p.events, func(ev *pb.LabelEvent) bool { return ev.GetKind() == pb.LabelEvent_KIND_LOAD_FAILED }) {
+		t.Errorf("events %q: a load never sent is counted against its label", p.eventKinds())
+	}
+	if n := f.LoadRequests("a"); n != 0 {
+		t.Errorf("%d load requests, want none", n)
+	}
+	f.FailIndex(0)
+	if err := h.stop(p); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+}
+
 // A model added to Triton's repository while the agent runs is found by the inventory
 // poll: the dispatcher hears of it in an Inventory frame (it said in its Welcome that
 // it takes them), and tasks for it load it.

@@ -537,7 +537,8 @@ func (b *Backend) runLoad(ctx context.Context, label string, m *modelOps, c *loa
 // waitForRoom polls the index until no model is UNLOADING and no abandoned model is
 // still loading, so that a load never goes into room an unload (ours that timed out,
 // or anyone's) has not freed yet. An abandoned model Triton finished loading and kept
-// (its queued unload lost) is unloaded first.
+// (its queued unload lost) is unloaded first. An index it cannot read fails with
+// backend.ErrUnavailable.
 func (b *Backend) waitForRoom(ctx context.Context, label string) error {
 	var ready []string // abandoned models READY at the last index read
 	unloading, err := b.awaitIndex(ctx, func(entries []indexEntry) string {
@@ -573,6 +574,11 @@ func (b *Backend) waitForRoom(ctx context.Context, label string) error {
 	}
 	if ctx.Err() != nil && unloading != "" {
 		return fmt.Errorf("triton load %q: model %q still UNLOADING or LOADING: %w", label, unloading, ctx.Err())
+	}
+	// No load was sent, and the model is not at fault: the agent must not report the
+	// label's LOAD_FAILED, which counts towards marking it failing on every worker.
+	if !errors.Is(err, backend.ErrUnavailable) {
+		err = fmt.Errorf("%w: %w", backend.ErrUnavailable, err)
 	}
 	return fmt.Errorf("triton load %q: reading the index before loading: %w", label, err)
 }

@@ -610,6 +610,23 @@ func TestIndexHiccupFailsNeitherLoadNorUnload(t *testing.T) {
 	}
 }
 
+// An index that stays unreadable fails the load, unsent, as the backend being
+// unavailable (backend.ErrUnavailable): the agent then refuses the task and does not
+// report the label's LOAD_FAILED, which would count towards marking a model that never
+// got a chance failing on every worker.
+func TestUnreadableIndexFailsTheLoadAsUnavailable(t *testing.T) {
+	t.Parallel()
+	x := setup(t, fake.Config{Models: []string{"m"}}, nil)
+	x.fake.FailIndex(1 << 30)
+	err := x.b.Load(t.Context(), "m")
+	if !errors.Is(err, backend.ErrUnavailable) || !strings.Contains(err.Error(), "failed to poll the model repository") {
+		t.Fatalf("Load = %v, want backend.ErrUnavailable carrying Triton's message", err)
+	}
+	if n := x.fake.LoadRequests("m"); n != 0 {
+		t.Fatalf("%d load requests, want none", n)
+	}
+}
+
 func TestConfigValidation(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
