@@ -160,6 +160,12 @@ func newAgent(cfg Config) (_ *agent, err error) {
 				// Room for any answer whose result can fit in a frame.
 				tc.MaxAnswerSize = max(triton.DefaultMaxAnswerSize, 2*int64(cfg.MaxFrameSize))
 			}
+			if tc.MaxIdleConns == 0 {
+				// A connection for each task run at once, and a few for the health
+				// check, index reads and unloads beside them: fewer, and every burst
+				// of tasks dials anew.
+				tc.MaxIdleConns = cfg.Slots + 4
+			}
 			if cfg.Metrics != nil {
 				tc.OnError = cfg.Metrics.tritonError
 				cfg.Metrics.tritonOps(triton.Ops())

@@ -4,10 +4,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -488,6 +490,83 @@ func TestTritonUnreadableIndexIsNotTheLabelsFailure(t *testing.T) {
 		t.Errorf("%d load requests, want none", n)
 	}
 	f.FailIndex(0)
+	if err := h.stop(p); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+}
+
+// The Triton client keeps an idle connection for each slot, so that a burst of tasks
+// reuses the connections the last one opened. It kept Go's default of 2 per host: every
+// burst beyond that dialled anew, a handshake per inference and TIME_WAIT sockets
+// piling up on the agent's host.
+func TestTritonKeepsAnIdleConnectionPerSlot(t *testing.T) {
+	t.Parallel()
+	const slots = 2 * triton.DefaultMaxIdleConns // the agent's own sizing, not the default
+	f := fake.New(fake.Config{Models: []string{"m"}, Preload: []string{"m"}, Dim: 2})
+	var newConns atomic.Int32
+	arrived := make(chan struct{}, slots)
+	var gate atomic.Pointer[chan struct{}]
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/infer") {
+			arrived <- struct{}{}
+			<-*gate.Load() // every task of the round is in flight at once
+		}
+		f.ServeHTTP(w, r)
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			newConns.Add(1)
+		}
+	}
+	srv.Start()
+	t.Cleanup(func() { f.Close(); srv.Close() })
+	h := setup(t, func(h *harness) {
+		h.cfg.BackendName = triton.Name
+		h.cfg.Triton = triton.Config{URL: srv.URL, PollInterval: time.Millisecond}
+		h.cfg.Slots = slots
+		h.cfg.HealthInterval = time.Hour // no other call during the rounds
+		h.cfg.InventoryInterval = time.Hour
+	})
+	p := h.connect()
+	awaitArrival := func() {
+		t.Helper()
+		select {
+		case <-arrived:
+		case <-time.After(waitLimit):
+			t.Fatal("an inference did not reach Triton")
+		}
+	}
+	// round runs a task in every slot at once and returns how many connections it
+	// opened. With sequential, each task is assigned once the one before it reached
+	// Triton, so that it takes an idle connection rather than dial while one is
+	// being returned.
+	round := func(n int, sequential bool) int32 {
+		before := newConns.Load()
+		g := make(chan struct{})
+		gate.Store(&g)
+		for i := range slots {
+			p.assign(&pb.TaskAssignment{TaskId: fmt.Sprintf("r%d-t%d", n, i), TaskType: "infer", Label: "m", ParametersJson: []byte(inferParams)})
+			if sequential {
+				awaitArrival()
+			}
+		}
+		if !sequential {
+			for range slots {
+				awaitArrival()
+			}
+		}
+		close(g)
+		for range slots {
+			if r := p.result(); !r.GetOk() {
+				t.Fatalf("result %v", r)
+			}
+		}
+		return newConns.Load() - before
+	}
+	first := round(1, false)
+	if second := round(2, true); second != 0 {
+		t.Fatalf("round 1 of %d tasks at once opened %d connections to Triton; round 2 opened %d more: fewer were kept idle", slots, first, second)
+	}
 	if err := h.stop(p); err != nil {
 		t.Fatalf("Run = %v", err)
 	}

@@ -123,3 +123,81 @@ func TestDeadKeepAliveConnectionIsNoFailure(t *testing.T) {
 		t.Fatalf("sequence inference on a dropped connection: Run = %v after %d drops, want an error after 1 (never sent again)", err, len(dropped())-before)
 	}
 }
+
+// The backend's client keeps as many idle connections as calls run at once, so that
+// the next burst reuses them. A clone of http.DefaultTransport keeps 2 per host: an
+// agent running more tasks at once closed the rest after every burst and dialled anew
+// for the next, a handshake per inference and TIME_WAIT sockets piling up.
+func TestIdleConnectionsCoverConcurrentCalls(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name         string
+		maxIdleConns int // 0: the default
+		calls        int
+	}{
+		{"default", 0, 8},
+		{"configured", 24, 24},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			n := tc.calls
+			f := fake.New(fake.Config{Models: []string{"m"}, Preload: []string{"m"}, Dim: 2})
+			var newConns atomic.Int32
+			arrived := make(chan struct{}, n)
+			var gate atomic.Pointer[chan struct{}]
+			srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				arrived <- struct{}{}
+				<-*gate.Load() // every call of the round is in flight at once
+				f.ServeHTTP(w, r)
+			}))
+			srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+				if s == http.StateNew {
+					newConns.Add(1)
+				}
+			}
+			srv.Start()
+			t.Cleanup(func() { f.Close(); srv.Close() })
+			b, err := triton.New(triton.Config{URL: srv.URL, MaxIdleConns: tc.maxIdleConns})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.CloseIdleConnections()
+
+			// round runs n inferences held in flight at once and returns how many
+			// connections it opened. With sequential, each starts only once the one
+			// before it reached the server, so that it takes an idle connection rather
+			// than dial while another is being returned.
+			round := func(sequential bool) int32 {
+				before := newConns.Load()
+				g := make(chan struct{})
+				gate.Store(&g)
+				errs := make(chan error, n)
+				for range n {
+					go func() {
+						_, err := b.Run(t.Context(), backend.Task{Type: triton.TaskInfer, Label: "m", Params: params})
+						errs <- err
+					}()
+					if sequential {
+						<-arrived
+					}
+				}
+				if !sequential {
+					for range n {
+						<-arrived
+					}
+				}
+				close(g)
+				for range n {
+					if err := <-errs; err != nil {
+						t.Error(err)
+					}
+				}
+				return newConns.Load() - before
+			}
+			first := round(false)
+			if second := round(true); second != 0 {
+				t.Fatalf("round 1 of %d concurrent inferences opened %d connections; round 2 opened %d more: fewer were kept idle", n, first, second)
+			}
+		})
+	}
+}

@@ -86,6 +86,7 @@ const (
 	DefaultTextInput       = "TEXT"
 	DefaultEmbeddingOutput = "sentence_embedding"
 	DefaultMaxAnswerSize   = 32 << 20
+	DefaultMaxIdleConns    = 16
 )
 
 // maxErrorBody bounds how much of an error answer is read for its message.
@@ -124,6 +125,12 @@ type Config struct {
 	// MaxAnswerSize bounds how much of a successful answer (an infer result, the
 	// index) is read; a larger answer is a failure. Zero means 32 MiB.
 	MaxAnswerSize int64
+	// MaxIdleConns is how many idle keep-alive connections to Triton the backend's own
+	// client keeps. Fewer than the calls made at once (tasks, plus the health check,
+	// index reads and unloads) and every burst beyond it dials anew: a handshake per
+	// inference and TIME_WAIT sockets piling up. Zero means 16; the agent sets its
+	// Slots plus a few. Unused with Client.
+	MaxIdleConns int
 	// Client sends the requests. Nil means a client of its own with no overall timeout
 	// (every call is bounded by its context), which sends each load on a connection of
 	// its own (see Backend.loadClient).
@@ -152,6 +159,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MaxAnswerSize == 0 {
 		c.MaxAnswerSize = DefaultMaxAnswerSize
+	}
+	if c.MaxIdleConns == 0 {
+		c.MaxIdleConns = DefaultMaxIdleConns
 	}
 	return c
 }
@@ -187,6 +197,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxAnswerSize < 0 {
 		errs = append(errs, fmt.Errorf("MaxAnswerSize must not be negative, got %d", c.MaxAnswerSize))
+	}
+	if c.MaxIdleConns < 0 {
+		errs = append(errs, fmt.Errorf("MaxIdleConns must not be negative, got %d", c.MaxIdleConns))
 	}
 	return errors.Join(errs...)
 }
@@ -267,6 +280,9 @@ func New(cfg Config) (*Backend, error) {
 	client, loadClient := cfg.Client, cfg.Client
 	if client == nil {
 		t := http.DefaultTransport.(*http.Transport).Clone()
+		// Go keeps 2 idle connections per host by default; every call goes to one host.
+		t.MaxIdleConnsPerHost = cfg.MaxIdleConns
+		t.MaxIdleConns = max(t.MaxIdleConns, cfg.MaxIdleConns)
 		client = &http.Client{Transport: t}
 		lt := t.Clone()
 		lt.DisableKeepAlives = true

@@ -637,13 +637,14 @@ func TestConfigValidation(t *testing.T) {
 		{"URL", triton.Config{URL: "http://"}},
 		{"LoadTimeout", triton.Config{LoadTimeout: -time.Second}},
 		{"UnloadTimeout", triton.Config{UnloadTimeout: -time.Second}},
+		{"MaxIdleConns", triton.Config{MaxIdleConns: -1}},
 	} {
 		if _, err := triton.New(tc.cfg); err == nil || !strings.Contains(err.Error(), tc.field) {
 			t.Errorf("New(%+v) = %v, want an error naming %s", tc.cfg, err, tc.field)
 		}
 	}
 	c := triton.Config{}.WithDefaults()
-	if c.URL != "http://127.0.0.1:8000" || c.LoadTimeout != 10*time.Minute || c.TextInput != "TEXT" || c.EmbeddingOutput != "sentence_embedding" {
+	if c.URL != "http://127.0.0.1:8000" || c.LoadTimeout != 10*time.Minute || c.TextInput != "TEXT" || c.EmbeddingOutput != "sentence_embedding" || c.MaxIdleConns != 16 {
 		t.Errorf("defaults %+v", c)
 	}
 }
