@@ -572,6 +572,71 @@ func TestTritonKeepsAnIdleConnectionPerSlot(t *testing.T) {
 	}
 }
 
+// A Triton not started with --model-control-mode=explicit refuses every load: the
+// worker is misconfigured, and no model is at fault. The task is refused (it runs
+// elsewhere), the label gets no LOAD_FAILED (the dispatcher marked every label the
+// worker was given failing fleet-wide), and the worker stays unavailable, saying how to
+// fix it, until Triton takes loads.
+func TestTritonNotInExplicitModeIsNoLabelsFailure(t *testing.T) {
+	t.Parallel()
+	f := fake.New(fake.Config{Models: []string{"a"}, NotExplicit: true})
+	var loads atomic.Int32
+	unloads := make(chan struct{}, 64)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case strings.HasSuffix(r.URL.Path, "/load"):
+			loads.Add(1)
+		case strings.HasSuffix(r.URL.Path, "/unload"):
+			select {
+			case unloads <- struct{}{}:
+			default:
+			}
+		}
+		f.ServeHTTP(w, r)
+	}))
+	t.Cleanup(func() { f.Close(); srv.Close() })
+	h := setup(t, func(h *harness) {
+		h.cfg.BackendName = triton.Name
+		h.cfg.Triton = triton.Config{URL: srv.URL, PollInterval: time.Millisecond}
+		h.cfg.HealthInterval = 10 * time.Millisecond
+	})
+	p := h.connect()
+	const fix = "--model-control-mode=explicit"
+	r := runTyped(p, "t1", "infer", "a", inferParams)
+	if r.GetOk() || !r.GetRefused() || r.GetLoadFailed() || !strings.Contains(r.GetError(), fix) {
+		t.Fatalf("t1 %v, want refused, naming %s", r, fix)
+	}
+	if slices.ContainsFunc(p.events, func(ev *pb.LabelEvent) bool { return ev.GetKind() == pb.LabelEvent_KIND_LOAD_FAILED }) {
+		t.Errorf("events %q: Triton's mode is counted against the label", p.eventKinds())
+	}
+	if !slices.ContainsFunc(p.statuses, func(st *pb.WorkerStatus) bool { return !st.GetAccepting() && strings.Contains(st.GetReason(), fix) }) {
+		t.Errorf("statuses %v before t1's result, want not accepting, naming %s", p.statuses, fix)
+	}
+	// The health checks ask Triton again (an unload of a, refused likewise) and keep the
+	// worker unavailable: the next task is refused without a load.
+	for range 2 {
+		select {
+		case <-unloads:
+		case <-time.After(waitLimit):
+			t.Fatal("no health check asked Triton again")
+		}
+	}
+	before := loads.Load()
+	if r := runTyped(p, "t2", "infer", "a", inferParams); !r.GetRefused() || loads.Load() != before {
+		t.Fatalf("t2 %v after %d load requests, want refused by an unavailable worker, with none", r, loads.Load()-before)
+	}
+	f.SetNotExplicit(false) // Triton restarted with the flag
+	if st := p.status(); !st.GetAccepting() {
+		t.Fatalf("status %v once Triton takes loads, want accepting", st)
+	}
+	if r := runTyped(p, "t3", "infer", "a", inferParams); !r.GetOk() {
+		t.Fatalf("t3 %v", r)
+	}
+	if err := h.stop(p); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+}
+
 // A model added to Triton's repository while the agent runs is found by the inventory
 // poll: the dispatcher hears of it in an Inventory frame (it said in its Welcome that
 // it takes them), and tasks for it load it.

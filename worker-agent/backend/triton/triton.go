@@ -7,7 +7,9 @@
 //     (a load an earlier agent process left under way); Inventory reads the repository index
 //     (POST /v2/repository/index): every model listed is loadable, those READY are loaded.
 //   - Health is GET /v2/health/live (never /v2/health/ready, which is false while any
-//     model loads or unloads).
+//     model loads or unloads), and fails while Triton refuses loads for not being in
+//     explicit mode, once it has refused one (a misconfigured worker: the load fails
+//     with backend.ErrUnavailable, not as the model's failure).
 //   - Load is the blocking POST /v2/repository/models/{m}/load under LoadTimeout.
 //     Concurrent Loads of one model share one request; a load that times out is unloaded
 //     again so that it does not hold memory nobody tracks.
@@ -88,6 +90,10 @@ const (
 	DefaultMaxAnswerSize   = 32 << 20
 	DefaultMaxIdleConns    = 16
 )
+
+// notExplicitMessage starts Triton's answer to a load or an unload when it is not in
+// explicit model-control mode (503, or 400 from servers before late 2023).
+const notExplicitMessage = "explicit model load / unload is not allowed"
 
 // maxErrorBody bounds how much of an error answer is read for its message.
 const maxErrorBody = 64 << 10
@@ -247,6 +253,9 @@ type Backend struct {
 	// time: Triton may still be loading them (it runs the unload once the load ends),
 	// holding memory nothing counts. Loads wait for them (waitForRoom).
 	abandoned map[string]bool
+	// refused is the last load Triton refused for not being in explicit model-control
+	// mode, nil when it has taken one since: Health fails while Triton still refuses.
+	refused *Error
 
 	joinedLoad func(label string) // test hook: a Load has joined label's load call
 }
@@ -396,12 +405,68 @@ func indexNames(entries []indexEntry) []string {
 	return names
 }
 
-// Health reports whether Triton is live.
+// Health reports whether Triton is live and, once it has refused a load for not being
+// in explicit model-control mode, whether it still refuses them.
 func (b *Backend) Health(ctx context.Context) error {
 	if err := b.live(ctx); err != nil {
 		return fmt.Errorf("triton is not live: %w", err)
 	}
-	return nil
+	return b.checkModelControl(ctx)
+}
+
+// checkModelControl fails while Triton refuses to load models, as it refused the last
+// load: the worker then stays unavailable, saying how to fix it, rather than take a task
+// each health interval only to refuse it at its load. It asks again with an unload of
+// the model whose load was refused, which Triton refuses likewise or, in explicit mode,
+// takes: a no-op for a model not loaded (TRITON.md), and one a restarted Triton
+// preloaded is memory the agent does not count anyway.
+func (b *Backend) checkModelControl(ctx context.Context) error {
+	b.mu.Lock()
+	refused := b.refused
+	var m *modelOps
+	if refused != nil {
+		m = b.ops(refused.Model)
+	}
+	b.mu.Unlock()
+	if refused == nil {
+		return nil
+	}
+	// Under the model's lock, so that the unload cannot overlap a load of it; a load
+	// under way settles the question itself.
+	select {
+	case m.lock <- struct{}{}:
+	default:
+		return b.notExplicit(refused)
+	}
+	defer m.release()
+	_, err := b.call(ctx, OpUnload, refused.Model, http.MethodPost, "/v2/repository/models/"+url.PathEscape(refused.Model)+"/unload", nil, true)
+	var te *Error
+	switch {
+	case err == nil:
+		b.mu.Lock()
+		if b.refused == refused {
+			b.refused = nil
+		}
+		b.mu.Unlock()
+		b.log.Info().Str("triton_url", b.cfg.URL).Msg("triton takes model loads again")
+		return nil
+	case errors.As(err, &te) && refusesModelControl(te):
+		return b.notExplicit(te)
+	}
+	return fmt.Errorf("%w (asking again failed: %w)", b.notExplicit(refused), err)
+}
+
+// refusesModelControl reports whether te is Triton refusing a load or unload because it
+// is not in explicit model-control mode.
+func refusesModelControl(te *Error) bool {
+	return te.StatusCode != 0 && strings.Contains(te.Message, notExplicitMessage)
+}
+
+// notExplicit is the error of a load Triton refused for not being in explicit
+// model-control mode: a misconfiguration of the worker, not the model's failure, so it
+// wraps backend.ErrUnavailable and names the fix.
+func (b *Backend) notExplicit(te *Error) error {
+	return fmt.Errorf("triton at %s loads no model: it is not in explicit model-control mode (start it with --model-control-mode=explicit): %w: %w", b.cfg.URL, backend.ErrUnavailable, te)
 }
 
 func (b *Backend) live(ctx context.Context) error {
@@ -532,6 +597,18 @@ func (b *Backend) runLoad(ctx context.Context, label string, m *modelOps, c *loa
 					err = fmt.Errorf("triton load %q: no answer within %s: %w", label, b.cfg.LoadTimeout, err)
 				}
 			}
+			switch {
+			case err == nil:
+			case errors.As(err, &te) && refusesModelControl(te):
+				b.mu.Lock()
+				b.refused = te
+				b.mu.Unlock()
+				err = b.notExplicit(te)
+			case errors.As(err, &te) && te.StatusCode == http.StatusServiceUnavailable:
+				// Triton, or a proxy before it, cannot take the load now: nothing was
+				// loaded, and the model is not at fault.
+				err = fmt.Errorf("%w: %w", backend.ErrUnavailable, err)
+			}
 		}
 		// Released once the load is marked, so that an Unload waiting for the lock
 		// cannot run in between and be undone by the mark.
@@ -544,6 +621,7 @@ func (b *Backend) runLoad(ctx context.Context, label string, m *modelOps, c *loa
 	if err == nil {
 		b.loaded[label] = true
 		delete(b.abandoned, label) // loaded again: ours, and counted
+		b.refused = nil            // Triton takes loads
 	}
 	c.err = err
 	b.mu.Unlock()

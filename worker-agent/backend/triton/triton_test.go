@@ -425,12 +425,71 @@ func TestLoadFailuresCarryTritonsMessage(t *testing.T) {
 	}
 }
 
-func TestNotExplicitMode(t *testing.T) {
+// A Triton not in explicit model-control mode refuses every load (503, or 400 from an
+// old server, "explicit model load / unload is not allowed ..."): a misconfigured
+// worker, not a failing model. The load fails as backend.ErrUnavailable naming the fix,
+// which the agent does not count against the label (it sent LOAD_FAILED for every label
+// it was given, and the dispatcher marked them failing fleet-wide), and Health fails
+// until Triton takes loads again, so that the worker stays unavailable meanwhile.
+func TestNotExplicitModeIsTheBackendUnavailable(t *testing.T) {
 	t.Parallel()
-	x := setup(t, fake.Config{Models: []string{"a"}, NotExplicit: true}, nil)
-	var te *triton.Error
-	if err := x.b.Load(t.Context(), "a"); !errors.As(err, &te) || te.StatusCode != 503 || !strings.Contains(err.Error(), "explicit model load") {
-		t.Fatalf("Load = %v, want Triton's 503", err)
+	for _, old := range []bool{false, true} {
+		t.Run(map[bool]string{false: "current", true: "old-server"}[old], func(t *testing.T) {
+			t.Parallel()
+			x := setup(t, fake.Config{Models: []string{"a"}, NotExplicit: true, OldErrors: old}, nil)
+			if err := x.b.WaitStarted(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			if err := x.b.Health(t.Context()); err != nil {
+				t.Fatalf("Health before any load = %v", err)
+			}
+			const fix = "--model-control-mode=explicit"
+			err := x.b.Load(t.Context(), "a")
+			var te *triton.Error
+			if !errors.Is(err, backend.ErrUnavailable) || !errors.As(err, &te) || !strings.Contains(err.Error(), fix) ||
+				!strings.Contains(err.Error(), "explicit model load / unload is not allowed") {
+				t.Fatalf("Load = %v, want backend.ErrUnavailable naming %s, with Triton's message", err, fix)
+			}
+			// Health asks again, and fails while Triton still refuses.
+			for range 2 {
+				if err := x.b.Health(t.Context()); err == nil || !strings.Contains(err.Error(), fix) {
+					t.Fatalf("Health = %v while Triton refuses loads, want an error naming %s", err, fix)
+				}
+			}
+			x.fake.SetNotExplicit(false) // restarted with the flag
+			if err := x.b.Health(t.Context()); err != nil {
+				t.Fatalf("Health = %v once Triton takes loads", err)
+			}
+			if err := x.b.Load(t.Context(), "a"); err != nil {
+				t.Fatal(err)
+			}
+			if st := x.fake.State("a"); st != fake.StateReady {
+				t.Fatalf("a is %q, want READY", st)
+			}
+		})
+	}
+}
+
+// A load answered 503 without Triton's not-explicit message (a proxy before Triton
+// with no healthy upstream) loaded nothing: the backend is unavailable, the model not
+// at fault. Health, which has nothing to ask again, follows liveness.
+func TestLoadAnswered503IsTheBackendUnavailable(t *testing.T) {
+	t.Parallel()
+	x := serve(t, fake.New(fake.Config{Models: []string{"a"}}), func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if strings.HasSuffix(r.URL.Path, "/load") {
+				w.WriteHeader(http.StatusServiceUnavailable)
+				_, _ = w.Write([]byte("no healthy upstream"))
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	}, nil)
+	if err := x.b.Load(t.Context(), "a"); !errors.Is(err, backend.ErrUnavailable) || !strings.Contains(err.Error(), "no healthy upstream") {
+		t.Fatalf("Load = %v, want backend.ErrUnavailable with the answer's text", err)
+	}
+	if err := x.b.Health(t.Context()); err != nil {
+		t.Fatalf("Health = %v", err)
 	}
 }
 

@@ -82,7 +82,7 @@ type Config struct {
 	// OldErrors makes every error answer 400, as servers before late 2023 did.
 	OldErrors bool
 	// NotExplicit makes load and unload answer 503, as a server not started with
-	// --model-control-mode=explicit does.
+	// --model-control-mode=explicit does; SetNotExplicit changes it.
 	NotExplicit bool
 	// RepositoryDir, when set, is a model repository on disk besides Models: each
 	// folder in it is a model, read at every index and load as Triton reads its
@@ -104,6 +104,7 @@ type Server struct {
 	live          bool
 	down          bool
 	oldErrors     bool
+	notExplicit   bool
 	nested        bool
 	models        map[string]*model
 	events        []string
@@ -153,6 +154,7 @@ func New(cfg Config) *Server {
 		oldErrors: cfg.OldErrors,
 		models:    make(map[string]*model),
 	}
+	s.notExplicit = cfg.NotExplicit
 	for _, name := range cfg.Models {
 		s.models[name] = &model{name: name, inRepo: true}
 	}
@@ -233,6 +235,15 @@ func (s *Server) FailIndex(n int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.failIndex = n
+}
+
+// SetNotExplicit makes load and unload answer 503 (true), as a server not started
+// with --model-control-mode=explicit does, or take them again (false), as the server
+// restarted with it does.
+func (s *Server) SetNotExplicit(notExplicit bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.notExplicit = notExplicit
 }
 
 // SetOldErrors switches old-server mode: every error answers 400.
@@ -574,7 +585,7 @@ func (s *Server) index(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) load(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("model")
-	if s.cfg.NotExplicit {
+	if s.refusesModelControl() {
 		s.fail(w, http.StatusServiceUnavailable, "explicit model load / unload is not allowed if polling is enabled")
 		return
 	}
@@ -692,6 +703,13 @@ func (s *Server) load(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// refusesModelControl reports whether the server is not in explicit model-control mode.
+func (s *Server) refusesModelControl() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.notExplicit
+}
+
 // wait returns after d and once hold (if any) is closed, or when the server closes.
 func (s *Server) wait(d time.Duration, hold chan struct{}) {
 	if d > 0 {
@@ -712,7 +730,7 @@ func (s *Server) wait(d time.Duration, hold chan struct{}) {
 
 func (s *Server) unload(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("model")
-	if s.cfg.NotExplicit {
+	if s.refusesModelControl() {
 		s.fail(w, http.StatusServiceUnavailable, "explicit model load / unload is not allowed if polling is enabled")
 		return
 	}
