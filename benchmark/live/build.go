@@ -83,6 +83,12 @@ func Build(ctx context.Context, repo, dir string) (binaries, error) {
 // prebuilt checks that dir holds every binary the backend needs.
 func prebuilt(dir, backend string) (binaries, error) {
 	b := binariesIn(dir)
+	// One error for a directory that is not there, rather than one per binary.
+	if fi, err := os.Stat(dir); err != nil {
+		return b, fmt.Errorf("--bin-dir: %w", err)
+	} else if !fi.IsDir() {
+		return b, fmt.Errorf("--bin-dir: %s is not a directory", dir)
+	}
 	var errs []error
 	need := []string{b.dispatcher, b.agent, b.collector}
 	if backend == BackendTriton {

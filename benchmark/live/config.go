@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -18,12 +20,14 @@ import (
 // zero value means something else say so. Validation errors name the command-line
 // flag of the field.
 type Config struct {
-	// RepoDir is the repository the binaries are built from (--repo). Zero means the
-	// nearest directory holding go.work at or above the working directory.
+	// RepoDir is the repository the binaries are built from (--repo); Validate checks
+	// that it holds go.work. Zero means the nearest directory holding go.work at or
+	// above the working directory.
 	RepoDir string
 	// BinDir holds prebuilt "dispatcher", "worker-agent", "log-collector" and, for the
-	// triton backend, "fake-triton" binaries (--bin-dir). Zero
-	// means build them from RepoDir into a temporary directory removed at the end.
+	// triton backend, "fake-triton" binaries (--bin-dir); Validate checks that they are
+	// there. Zero means build them from RepoDir into a temporary directory removed at
+	// the end.
 	BinDir string
 	// OutDir receives each run's logs and records, one subdirectory per mode (--out).
 	// Zero means a new directory under os.TempDir.
@@ -257,6 +261,24 @@ func (c Config) Validate() error {
 	}
 	if c.RepoDir != "" && c.BinDir != "" {
 		bad("--repo and --bin-dir exclude each other: --bin-dir uses prebuilt binaries")
+	} else {
+		errs = append(errs, c.checkSource())
 	}
 	return errors.Join(errs...)
+}
+
+// checkSource checks that --bin-dir holds the binaries, or --repo the repository to
+// build them from. A wrong path is a mistake in the command: found here, it is bad
+// usage refused before anything starts, not a run that fails once it gets there.
+func (c Config) checkSource() error {
+	switch {
+	case c.BinDir != "":
+		_, err := prebuilt(c.BinDir, c.Backend)
+		return err
+	case c.RepoDir != "":
+		if _, err := os.Stat(filepath.Join(c.RepoDir, "go.work")); err != nil {
+			return fmt.Errorf("--repo %s: not the repository's root (no go.work there): %w", c.RepoDir, err)
+		}
+	}
+	return nil
 }

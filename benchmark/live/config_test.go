@@ -19,6 +19,7 @@ func TestDefaultConfigValid(t *testing.T) {
 
 func TestValidateNamesTheFlag(t *testing.T) {
 	t.Parallel()
+	tmp := t.TempDir() // neither binaries nor go.work
 	tests := []struct {
 		mutate func(*Config)
 		flag   string
@@ -48,6 +49,9 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		{func(c *Config) { c.LogLevel = "loud" }, "--log-level"},
 		{func(c *Config) { c.ChartPath = "x.svg" }, "--chart needs --compare"},
 		{func(c *Config) { c.RepoDir, c.BinDir = "a", "b" }, "--repo and --bin-dir"},
+		{func(c *Config) { c.BinDir = filepath.Join(tmp, "nope") }, "--bin-dir: stat"},
+		{func(c *Config) { c.BinDir = tmp }, "--bin-dir: stat " + filepath.Join(tmp, "dispatcher")},
+		{func(c *Config) { c.RepoDir = tmp }, "--repo " + tmp + ": not the repository's root"},
 	}
 	for _, tt := range tests {
 		c := DefaultConfig()

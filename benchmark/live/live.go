@@ -153,7 +153,7 @@ func resolveBinaries(ctx context.Context, cfg Config) (binaries, func(), error) 
 			return binaries{}, nil, err
 		}
 		if repo, err = FindRepoRoot(wd); err != nil {
-			return binaries{}, nil, err
+			return binaries{}, nil, configError{err} // run from elsewhere without --repo: bad usage
 		}
 	}
 	dir, err := os.MkdirTemp("", "smartroute-bench-bin-")

@@ -65,7 +65,8 @@
 //
 // Durations (D) take Go's form: 400ms, 1.5s, 2m. Exit status: 0 on success, 1 when
 // the run failed or no task completed in it (the summary is still printed), 2 on bad
-// usage (refused before anything starts), 130 when interrupted.
+// usage (refused before anything starts; a --bin-dir without the binaries or a --repo
+// without go.work among them), 130 when interrupted.
 package main
 
 import (

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -16,6 +17,22 @@ import (
 
 func env(m map[string]string) func(string) string {
 	return func(k string) string { return m[k] }
+}
+
+// stubBinDir is a --bin-dir that passes the checks of usage: every binary is there
+// and executable, and each exits 1 at once when started.
+func stubBinDir(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, name := range []string{"dispatcher", "worker-agent", "log-collector", "fake-triton"} {
+		if runtime.GOOS == "windows" {
+			name += ".exe"
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), []byte("#!/bin/sh\nexit 1\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
 }
 
 func TestParseRunDefaults(t *testing.T) {
@@ -127,9 +144,8 @@ func TestRunCommands(t *testing.T) {
 		{[]string{"frobnicate"}, 2, "", `unknown command "frobnicate"`},
 		{[]string{"run", "--requests", "0"}, 2, "", "benchmark run: --requests must be at least 1"},
 		{[]string{"run", "-h"}, 0, "", "-time-scale"},
-		// Refused before anything starts (an empty --bin-dir would fail later with 1):
-		// bad usage.
-		{[]string{"run", "--quiet", "--bin-dir", t.TempDir(), "--compare", "--chart", filepath.Join(t.TempDir(), "missing", "x.svg")}, 2, "", "benchmark run: --chart: "},
+		// Refused before anything starts (the stubs would fail later with 1): bad usage.
+		{[]string{"run", "--quiet", "--bin-dir", stubBinDir(t), "--compare", "--chart", filepath.Join(t.TempDir(), "missing", "x.svg")}, 2, "", "benchmark run: --chart: "},
 		// NaN passes every comparison: it was taken as a rate and a growth bound.
 		{[]string{"soak", "--rate", "NaN"}, 2, "", "--rate not negative"},
 		{[]string{"soak", "--max-growth", "NaN"}, 2, "", "--max-growth must be positive"},
@@ -218,7 +234,7 @@ func TestBatchCompareValidatesBeforeStarting(t *testing.T) {
 	if err := os.WriteFile(in, []byte(`{"label":"l","task_type":"t"}`+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	empty := t.TempDir() // no binaries: reaching the build/start step fails with 1
+	stubs := stubBinDir(t) // binaries that exit 1: reaching the start step fails with 1
 	tests := []struct {
 		args []string
 		want string
@@ -236,7 +252,7 @@ func TestBatchCompareValidatesBeforeStarting(t *testing.T) {
 	}
 	for _, tt := range tests {
 		var out, errb bytes.Buffer
-		args := append([]string{"batch-compare", "--quiet", "--bin-dir", empty}, tt.args...)
+		args := append([]string{"batch-compare", "--quiet", "--bin-dir", stubs}, tt.args...)
 		code := run(t.Context(), args, env(nil), &out, &errb)
 		if code != 2 || !strings.Contains(errb.String(), tt.want) {
 			t.Errorf("%q: exit %d, stderr %q; want exit 2 naming %q", tt.args, code, errb.String(), tt.want)
@@ -244,8 +260,70 @@ func TestBatchCompareValidatesBeforeStarting(t *testing.T) {
 	}
 	// A problem shared by both orders is told once.
 	var errb bytes.Buffer
-	run(t.Context(), []string{"batch-compare", "--quiet", "--bin-dir", empty, "--input", in, "--concurrency", "-1"}, env(nil), &bytes.Buffer{}, &errb)
+	run(t.Context(), []string{"batch-compare", "--quiet", "--bin-dir", stubs, "--input", in, "--concurrency", "-1"}, env(nil), &bytes.Buffer{}, &errb)
 	if n := strings.Count(errb.String(), "Concurrency"); n != 1 {
 		t.Errorf("stderr names Concurrency %d times, want once: %q", n, errb.String())
+	}
+}
+
+// The command promises exit 2 for bad usage, refused before anything starts. A
+// --bin-dir that is not there or lacks a binary, and a --repo that is not the
+// repository's root, are such mistakes: they used to pass for failed runs (exit 1),
+// found only once the run reached them.
+func TestRunRefusesABadBinarySource(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	lacking := t.TempDir() // the sim backend's binaries, but not fake-triton
+	stubs := stubBinDir(t)
+	all := []string{"run", "soak", "batch-compare"}
+	for _, name := range []string{"dispatcher", "worker-agent", "log-collector"} {
+		b, err := os.ReadFile(filepath.Join(stubs, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(lacking, name), b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tests := []struct {
+		cmds []string
+		args []string
+		want string
+	}{
+		{all, []string{"--bin-dir", filepath.Join(dir, "nope")}, "--bin-dir: stat " + filepath.Join(dir, "nope")},
+		{all, []string{"--bin-dir", t.TempDir()}, "worker-agent"},
+		{[]string{"run"}, []string{"--bin-dir", lacking, "--backend", "triton"}, "fake-triton"},
+		{all, []string{"--repo", t.TempDir()}, "--repo"},
+	}
+	for _, tt := range tests {
+		for _, cmd := range tt.cmds {
+			out := filepath.Join(dir, "out") // must not even be created
+			args := append([]string{cmd, "--quiet", "--out", out}, tt.args...)
+			if cmd == "batch-compare" {
+				in := filepath.Join(dir, "in.jsonl")
+				if err := os.WriteFile(in, []byte(`{"label":"l","task_type":"t"}`+"\n"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				args = append(args, "--input", in)
+			}
+			var stdout, stderr bytes.Buffer
+			code := run(t.Context(), args, env(nil), &stdout, &stderr)
+			if code != 2 || !strings.Contains(stderr.String(), tt.want) {
+				t.Errorf("%q: exit %d, stderr %q; want exit 2 naming %q", args, code, stderr.String(), tt.want)
+			}
+			if _, err := os.Stat(out); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("%q: --out %s exists after a refusal (%v): something started", args, out, err)
+			}
+		}
+	}
+}
+
+// Without --repo the repository is the one holding the working directory; run from
+// elsewhere, that is bad usage too. Not parallel: it changes the working directory.
+func TestRunOutsideTheRepositoryIsUsageError(t *testing.T) {
+	t.Chdir(t.TempDir())
+	var stdout, stderr bytes.Buffer
+	if code := run(t.Context(), []string{"run", "--quiet"}, env(nil), &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), "pass --repo") {
+		t.Errorf("exit %d, stderr %q; want exit 2 pointing at --repo", code, stderr.String())
 	}
 }

@@ -55,7 +55,10 @@ func soak(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	res, err := live.Soak(ctx, cfg)
 	if err != nil {
 		fmt.Fprintf(stderr, "benchmark soak: %v\n", err)
-		if ctx.Err() != nil {
+		switch {
+		case errors.Is(err, live.ErrConfig): // refused before anything started
+			return 2
+		case ctx.Err() != nil:
 			return 130
 		}
 		return 1
