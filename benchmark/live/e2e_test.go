@@ -138,7 +138,12 @@ func TestEndToEnd(t *testing.T) {
 		cfg := e2eConfig(t, binDir, pids)
 		cfg.Compare = true
 		cfg.JSON = true
-		cfg.ChartPath = filepath.Join(t.TempDir(), "chart.svg")
+		chartDir := t.TempDir()
+		cfg.ChartPath = filepath.Join(chartDir, "chart.svg")
+		// The previous run's chart is replaced (renamed over), not left.
+		if err := os.WriteFile(cfg.ChartPath, []byte("<svg>previous run</svg>"), 0o640); err != nil {
+			t.Fatal(err)
+		}
 		var stdout bytes.Buffer
 		if err := Run(t.Context(), cfg, &stdout); err != nil {
 			t.Fatal(err)
@@ -170,8 +175,14 @@ func TestEndToEnd(t *testing.T) {
 			t.Fatal(err)
 		}
 		var root struct{ XMLName xml.Name }
-		if err := xml.Unmarshal(svg, &root); err != nil || root.XMLName.Local != "svg" {
+		if err := xml.Unmarshal(svg, &root); err != nil || root.XMLName.Local != "svg" || bytes.Contains(svg, []byte("previous run")) {
 			t.Errorf("chart: root %v, err %v", root.XMLName, err)
+		}
+		if entries, err := os.ReadDir(chartDir); err != nil || len(entries) != 1 {
+			t.Errorf("chart directory holds %v (%v), want only the chart", entries, err)
+		}
+		if fi, err := os.Stat(cfg.ChartPath); err != nil || fi.Mode().Perm() != 0o640 {
+			t.Errorf("chart mode %v (%v), want the previous chart's 0640", fi.Mode(), err)
 		}
 	})
 

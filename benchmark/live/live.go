@@ -32,19 +32,21 @@ const (
 // the report to stdout (text, or JSON with cfg.JSON) and the chart to cfg.ChartPath.
 // A mode in which no task completed is an error, returned after the report.
 func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
-	// Open the chart's file before measuring: a path that cannot be written must not
-	// throw away minutes of measurement.
+	// Check the chart's path before measuring: a path that cannot be written must not
+	// throw away minutes of measurement. The chart goes to a temporary file beside it,
+	// renamed over it once written, so that a run that fails leaves the previous chart
+	// as it was.
 	var chart *os.File
 	if cfg.ChartPath != "" && cfg.Compare {
-		f, err := os.Create(cfg.ChartPath)
+		f, err := createChartTemp(cfg.ChartPath)
 		if err != nil {
 			return configError{fmt.Errorf("--chart: %w", err)}
 		}
 		chart = f
 		defer func() {
-			if chart != nil { // not written: do not leave an empty file behind
+			if chart != nil { // not written: leave nothing behind
 				chart.Close()
-				os.Remove(cfg.ChartPath)
+				os.Remove(chart.Name())
 			}
 		}()
 	}
@@ -71,12 +73,42 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 	if chart != nil {
 		f := chart
 		chart = nil
-		if err := writeChart(f, c); err != nil {
+		if err := writeChart(f, cfg.ChartPath, c); err != nil {
 			return errors.Join(outErr, err, failed)
 		}
 		cfg.Logger.Info().Str("path", cfg.ChartPath).Msg("chart written")
 	}
 	return errors.Join(outErr, failed)
+}
+
+// createChartTemp checks that the chart can be written to path without touching what
+// is there (a file is opened for writing, not truncated), and creates the temporary
+// file the chart is written to, in path's directory so that renaming it is atomic.
+func createChartTemp(path string) (*os.File, error) {
+	perm := os.FileMode(0o644)
+	if fi, err := os.Stat(path); err == nil {
+		if !fi.Mode().IsRegular() {
+			return nil, fmt.Errorf("%s is not a regular file", path)
+		}
+		f, err := os.OpenFile(path, os.O_WRONLY, 0)
+		if err != nil {
+			return nil, err
+		}
+		f.Close()
+		perm = fi.Mode().Perm() // the new chart keeps the old one's mode
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
+	if err != nil {
+		return nil, err
+	}
+	if err := f.Chmod(perm); err != nil {
+		f.Close()
+		os.Remove(f.Name())
+		return nil, err
+	}
+	return f, nil
 }
 
 // noTaskCompleted fails a run in which some mode completed no task at all (every
@@ -91,12 +123,16 @@ func noTaskCompleted(results []report.Result) error {
 	return errors.Join(errs...)
 }
 
-func writeChart(f *os.File, c report.Comparison) error {
-	if err := report.WriteChart(f, c); err != nil {
-		f.Close()
-		return fmt.Errorf("--chart: %w", err)
+// writeChart writes the chart to f, the temporary file, and renames it to path; on
+// error it removes f and path is left as it was.
+func writeChart(f *os.File, path string, c report.Comparison) error {
+	err := report.WriteChart(f, c)
+	err = errors.Join(err, f.Close())
+	if err == nil {
+		err = os.Rename(f.Name(), path)
 	}
-	if err := f.Close(); err != nil {
+	if err != nil {
+		os.Remove(f.Name())
 		return fmt.Errorf("--chart: %w", err)
 	}
 	return nil

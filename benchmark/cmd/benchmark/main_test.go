@@ -327,3 +327,38 @@ func TestRunOutsideTheRepositoryIsUsageError(t *testing.T) {
 		t.Errorf("exit %d, stderr %q; want exit 2 pointing at --repo", code, stderr.String())
 	}
 }
+
+// A run that fails (here: the binaries exit at once; a Ctrl-C, a build error or a
+// worker that never connects do the same) must leave the previous --chart as it was:
+// it used to be truncated before measuring and removed on the failure.
+func TestFailedRunKeepsTheChart(t *testing.T) {
+	t.Parallel()
+	if runtime.GOOS == "windows" {
+		t.Skip("the stub binaries are shell scripts")
+	}
+	dir := t.TempDir()
+	chart := filepath.Join(dir, "results.svg")
+	const old = "<svg>previous run</svg>\n"
+	if err := os.WriteFile(chart, []byte(old), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	code := run(t.Context(), []string{"run", "--compare", "--quiet", "--chart", chart, "--bin-dir", stubBinDir(t),
+		"--out", t.TempDir()}, env(nil), &stdout, &stderr)
+	if code != 1 {
+		t.Fatalf("exit %d, want 1 (run failed); stderr: %s", code, stderr.String())
+	}
+	if b, err := os.ReadFile(chart); err != nil || string(b) != old {
+		t.Errorf("previous chart after a failed run: %q, err %v; want it untouched\nstderr: %s", b, err, stderr.String())
+	}
+	// Nor is the temporary file the new chart was to be written to left behind.
+	if entries, err := os.ReadDir(dir); err != nil || len(entries) != 1 {
+		t.Errorf("chart directory holds %v (%v), want only the chart", entries, err)
+	}
+	// A --chart that names a directory is refused before anything starts.
+	stderr.Reset()
+	if code := run(t.Context(), []string{"run", "--compare", "--quiet", "--chart", dir, "--bin-dir", stubBinDir(t)}, env(nil), &stdout, &stderr); code != 2 ||
+		!strings.Contains(stderr.String(), "--chart: "+dir+" is not a regular file") {
+		t.Errorf("--chart naming a directory: exit %d, stderr %q; want 2", code, stderr.String())
+	}
+}
