@@ -85,7 +85,9 @@ type Record struct {
 	Latency time.Duration `json:"latency_ns"`
 	// HTTPStatus is the status of the POST, zero when it got no answer.
 	HTTPStatus int `json:"http_status"`
-	// Dispatched is true when the dispatcher accepted the task (200 or 202).
+	// Dispatched is true when the dispatcher took the task in: 200 or 202, or an
+	// answer that says the task failed after it was taken in (see dispatched), so
+	// that a synchronous request counts as an asynchronous one does.
 	Dispatched bool `json:"dispatched"`
 	// OK is true when the task completed with a result.
 	OK bool `json:"ok"`
@@ -303,14 +305,13 @@ func (p *producer) send(ctx context.Context, r *Record) {
 		r.Error = err.Error()
 		return
 	}
-	r.Dispatched = status == http.StatusOK || status == http.StatusAccepted
-	if !r.Dispatched {
+	r.Dispatched = dispatched(status, resp)
+	if !r.Dispatched || !isView(resp) {
+		r.Status = resp.Status
 		r.Error = httpError(status, resp)
 		return
 	}
-	if resp.TaskID != "" {
-		r.TaskID = resp.TaskID
-	}
+	r.TaskID = resp.TaskID
 	if status == http.StatusAccepted || (!r.Sync && !ended(resp.Status)) {
 		resp, err = p.poll(ctx, r.TaskID)
 		if err != nil {
@@ -320,6 +321,39 @@ func (p *producer) send(ctx context.Context, r *Record) {
 		}
 	}
 	r.fill(resp)
+}
+
+// isView says whether an answer carries the task's state (the dispatcher's task view,
+// or its 202), rather than only {"error": ...}.
+func isView(resp taskResponse) bool { return resp.TaskID != "" && resp.Status != "" }
+
+// dispatched says whether the answer to POST /run-task shows that the dispatcher took
+// the task in. A synchronous task that ran and failed is answered with the task's
+// view and the status of the failure (502, 503, 504); an asynchronous one got 202 and
+// learns of the failure from GET /tasks/{id}: both were dispatched. A refusal at
+// admission was not, whether it carries only an error or the task's view.
+func dispatched(status int, resp taskResponse) bool {
+	switch {
+	case status == http.StatusOK || status == http.StatusAccepted:
+		return true
+	case status == http.StatusGatewayTimeout:
+		// Only a task taken in has a deadline to pass: queued, running, or overdue with
+		// no word from its worker (that answer carries only an error).
+		return true
+	case !isView(resp):
+		// Refused at admission: a bad body (400, 413), auth (401, 403), full queues
+		// (429), shutting down or the journal failing (503); or not the dispatcher.
+		return false
+	case status == http.StatusServiceUnavailable && resp.Attempts == 0:
+		// Failed as it was routed, before any worker had it: no connected worker can
+		// load its label, or the label is failing. An asynchronous request gets the same
+		// answer instead of a 202. (A task that waited in the queue and failed so later
+		// reads the same; an asynchronous one would count: rare, and not told apart.)
+		return false
+	}
+	// A worker had it: it failed there or failed to load the label (502), or every
+	// worker it was given to was lost (503).
+	return true
 }
 
 // poll fetches the task's state until it ends or ctx does.

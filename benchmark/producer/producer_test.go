@@ -245,7 +245,8 @@ func TestRunAsync(t *testing.T) {
 
 func TestRunFailures(t *testing.T) {
 	t.Parallel()
-	fd := &fakeDispatcher{reject: map[string]int{"label-2": http.StatusServiceUnavailable, "label-3": http.StatusGatewayTimeout}}
+	// Refusals at admission (a 504 is not one: only a task taken in has a deadline).
+	fd := &fakeDispatcher{reject: map[string]int{"label-2": http.StatusServiceUnavailable, "label-3": http.StatusTooManyRequests}}
 	srv := newFakeDispatcher(t, fd)
 	cfg := baseConfig(srv.URL, &sleepRecorder{})
 	cfg.Requests = 30
@@ -273,8 +274,104 @@ func TestRunFailures(t *testing.T) {
 	if rejected == 0 || s.Failed != rejected || s.Dispatched != 30-rejected || s.Latency.Count != 30-rejected {
 		t.Errorf("rejected %d, summary %+v", rejected, s)
 	}
-	if got := s.Errors["HTTP 503: rejected label-2"] + s.Errors["HTTP 504: rejected label-3"]; got != rejected {
+	if got := s.Errors["HTTP 503: rejected label-2"] + s.Errors["HTTP 429: rejected label-3"]; got != rejected {
 		t.Errorf("Errors = %v", s.Errors)
+	}
+}
+
+// A synchronous task that the dispatcher took in and that then failed is answered
+// with the task's view and the failure's status (502 worker error, 504 deadline); an
+// asynchronous one gets 202 and the same view from GET /tasks/{id}. Both were
+// dispatched: "Total Dispatched Jobs" must not depend on sync vs async. Only 200 and
+// 202 used to count, and the synchronous record lost the view (status, worker, miss).
+func TestSyncFailureAfterAdmissionCountsAsDispatched(t *testing.T) {
+	t.Parallel()
+	view := func(id, status string, attempts int, worker, errMsg string) map[string]any {
+		v := map[string]any{"task_id": id, "status": status, "label": "a", "task_type": "sample_task",
+			"label_miss": worker != "", "attempts": attempts, "queue_ms": 1, "load_ms": 0, "run_ms": 0, "error": errMsg}
+		if worker != "" {
+			v["worker_id"] = worker
+		}
+		return v
+	}
+	errorOnly := func(msg string) func(string) any {
+		return func(string) any { return map[string]string{"error": msg} }
+	}
+	tests := []struct {
+		name       string
+		status     int
+		answer     func(id string) any // the synchronous answer; nil for the async flow's
+		dispatched bool
+		wantStatus string // the record's Status
+	}{
+		{"worker error", http.StatusBadGateway, func(id string) any { return view(id, "failed", 1, "w1", "worker error: boom") }, true, "failed"},
+		{"load failed on every attempt", http.StatusBadGateway, func(id string) any { return view(id, "failed", 3, "w1", "load failed: oom") }, true, "failed"},
+		{"deadline while running", http.StatusGatewayTimeout, func(id string) any { return view(id, "failed", 1, "w1", "deadline exceeded while running: ") }, true, "failed"},
+		{"deadline while queued", http.StatusGatewayTimeout, func(id string) any { return view(id, "failed", 0, "", "deadline exceeded") }, true, "failed"},
+		{"overdue, worker silent", http.StatusGatewayTimeout, errorOnly("deadline exceeded; task x is still running"), true, ""},
+		{"workers lost on every attempt", http.StatusServiceUnavailable, func(id string) any { return view(id, "failed", 3, "", "too many attempts") }, true, "failed"},
+		// Refusals: the task was never taken in.
+		{"no worker can load the label", http.StatusServiceUnavailable, func(id string) any {
+			return view(id, "failed", 0, "", `no connected worker can load label "a"`)
+		}, false, "failed"},
+		{"queue full", http.StatusTooManyRequests, errorOnly("queue full: 10 tasks waiting"), false, ""},
+		{"shutting down", http.StatusServiceUnavailable, errorOnly("dispatcher is shutting down"), false, ""},
+		{"bad body", http.StatusBadRequest, errorOnly("label is required"), false, ""},
+		{"too large", http.StatusRequestEntityTooLarge, errorOnly("body larger than 1 bytes"), false, ""},
+		{"a proxy's bad gateway", http.StatusBadGateway, func(string) any { return "<html>bad gateway</html>" }, false, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			mux := http.NewServeMux()
+			mux.HandleFunc("POST /run-task", func(w http.ResponseWriter, r *http.Request) {
+				var body map[string]any
+				json.NewDecoder(r.Body).Decode(&body)
+				id := body["task_id"].(string)
+				if rr, ok := body["return_result"]; ok && rr == false && tt.dispatched {
+					writeJSON(w, http.StatusAccepted, map[string]string{"task_id": id, "status": "queued"})
+					return
+				}
+				writeJSON(w, tt.status, tt.answer(id))
+			})
+			mux.HandleFunc("GET /tasks/{id}", func(w http.ResponseWriter, r *http.Request) {
+				v := view(r.PathValue("id"), "failed", 1, "w1", "failed")
+				if a, ok := tt.answer(r.PathValue("id")).(map[string]any); ok {
+					v = a
+				}
+				writeJSON(w, http.StatusOK, v)
+			})
+			srv := httptest.NewServer(mux)
+			defer srv.Close()
+			run := func(share float64) ([]Record, Summary) {
+				cfg := baseConfig(srv.URL, &sleepRecorder{})
+				cfg.Requests, cfg.SyncShare, cfg.PollInterval = 4, share, time.Millisecond
+				recs, err := Run(t.Context(), cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return recs, Summarize(recs)
+			}
+			syncRecs, syncSum := run(1)
+			_, asyncSum := run(0)
+			want := 0
+			if tt.dispatched {
+				want = 4
+			}
+			if syncSum.Dispatched != want || asyncSum.Dispatched != want || syncSum.Failed != 4 {
+				t.Errorf("Dispatched: sync %d, async %d, want %d (failed %d)", syncSum.Dispatched, asyncSum.Dispatched, want, syncSum.Failed)
+			}
+			r := syncRecs[0]
+			if r.HTTPStatus != tt.status || r.OK || r.Status != tt.wantStatus || r.Error == "" {
+				t.Errorf("record %+v, want HTTP %d, status %q and an error", r, tt.status, tt.wantStatus)
+			}
+			if v, ok := tt.answer(r.TaskID).(map[string]any); ok && tt.dispatched {
+				// The view is kept, as for an asynchronous task that failed.
+				if w, _ := v["worker_id"].(string); r.WorkerID != w || r.LabelMiss != (w != "") || r.Attempts != v["attempts"] {
+					t.Errorf("record %+v lost the answer's worker, miss or attempts (%v)", r, v)
+				}
+			}
+		})
 	}
 }
 

@@ -15,7 +15,8 @@ type Summary struct {
 	Failed int
 	// Sync is how many were synchronous.
 	Sync int
-	// Dispatched is how many the dispatcher accepted (answered 200 or 202).
+	// Dispatched is how many the dispatcher took in (Record.Dispatched), whether they
+	// completed or not.
 	Dispatched int
 	// Completed is how many ended with a completed task.
 	Completed int
