@@ -275,6 +275,10 @@ type soakLoad struct {
 	sent, ok, errors atomic.Int64
 	errMu            sync.Mutex
 	firstError       string
+
+	// sendingStopped, when set, is called once openLoop sends no more, before it
+	// waits for the tasks in flight. For tests.
+	sendingStopped func()
 }
 
 func (l *soakLoad) reset() {
@@ -351,9 +355,12 @@ func (l *soakLoad) probe(ctx context.Context) float64 {
 
 // openLoop sends rate tasks per second for d, each on its own goroutine, at most
 // Concurrency in flight (beyond that the sender waits, and the achieved rate shows
-// it), and returns the latencies of the answered tasks.
-func (l *soakLoad) openLoop(ctx context.Context, rate float64, d time.Duration) []time.Duration {
-	ctx, cancel := context.WithTimeout(ctx, d)
+// it), and returns the latencies of the answered tasks. The end of d stops the sending
+// only: the tasks in flight are answered. The end of ctx (Ctrl-C) ends them too, or
+// an interrupted soak would wait for each sync request, as long as the dispatcher
+// holds it (its --task-timeout, 5 minutes by default).
+func (l *soakLoad) openLoop(parent context.Context, rate float64, d time.Duration) []time.Duration {
+	ctx, cancel := context.WithTimeout(parent, d)
 	defer cancel()
 	sem := make(chan struct{}, l.cfg.Concurrency)
 	var mu sync.Mutex
@@ -379,15 +386,16 @@ func (l *soakLoad) openLoop(ctx context.Context, rate float64, d time.Duration) 
 			sentCount++
 			wg.Go(func() {
 				defer func() { <-sem }()
-				// Tasks started before the end are answered: the run's context only
-				// stops new sends.
-				if lat, ok := l.send(context.WithoutCancel(ctx)); ok {
+				if lat, ok := l.send(parent); ok {
 					mu.Lock()
 					latencies = append(latencies, lat)
 					mu.Unlock()
 				}
 			})
 		}
+	}
+	if l.sendingStopped != nil {
+		l.sendingStopped()
 	}
 	wg.Wait()
 	return latencies
