@@ -66,7 +66,8 @@
 // Durations (D) take Go's form: 400ms, 1.5s, 2m. Exit status: 0 on success, 1 when
 // the run failed or no task completed in it (the summary is still printed), 2 on bad
 // usage (refused before anything starts; a --bin-dir without the binaries or a --repo
-// without go.work among them), 130 when interrupted.
+// without go.work among them), 130 when interrupted. A second Ctrl-C ends the program
+// at once, should the orderly stop after the first one hang.
 package main
 
 import (
@@ -90,10 +91,31 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := interruptContext(context.Background())
 	code := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
+}
+
+// interruptContext is cancelled by the first SIGINT or SIGTERM, which stops the run in
+// order: processes stopped, requests in flight ended. A second signal ends the program
+// at once, should that stop hang, as the batch command does: the handler is let go
+// before the context is cancelled, so no second signal can fall between the two and
+// the next one meets the default action. (signal.NotifyContext keeps catching them:
+// a second Ctrl-C did nothing.)
+func interruptContext(parent context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(parent)
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		select {
+		case <-sigs:
+		case <-ctx.Done():
+		}
+		signal.Stop(sigs)
+		cancel()
+	}()
+	return ctx, cancel
 }
 
 const usage = `usage: benchmark <command> [flags]
