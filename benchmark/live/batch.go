@@ -167,7 +167,7 @@ func runBatchOrder(ctx context.Context, cfg Config, bc BatchCompareConfig, bins 
 	s, jobErr := batch.Run(ctx, job)
 	// The agents' logs are complete only once they have exited.
 	if err := cl.stop(); err != nil {
-		log.Warn().Err(err).Msg("some processes had to be killed; their last log lines may be missing")
+		log.Warn().Err(err).Msg("the cluster did not stop cleanly: the agents' label loads are read from logs that may be incomplete")
 	}
 	if jobErr != nil {
 		return BatchResult{}, jobErr

@@ -40,7 +40,7 @@ type clusterSpec struct {
 	dir            string // logs go here
 	random         bool
 	cfg            Config
-	onProcessStart func(name string, pid int)
+	onProcessStart func(*process)
 	// dispatcherArgs are passed to the dispatcher after the usual ones (the soak's).
 	dispatcherArgs []string
 }
@@ -139,7 +139,7 @@ func startCluster(ctx context.Context, spec clusterSpec) (_ *cluster, err error)
 	env := childEnv()
 	started := func(p *process) {
 		if spec.onProcessStart != nil {
-			spec.onProcessStart(p.name, p.pid())
+			spec.onProcessStart(p)
 		}
 	}
 
@@ -256,7 +256,8 @@ func (c *cluster) agentLogs() ([]string, error) {
 }
 
 // stop ends the agents, all at once, then the dispatcher, so that no agent is left
-// reconnecting to a dispatcher that is gone. Idempotent.
+// reconnecting to a dispatcher that is gone. Its error says which processes had to be
+// killed and which had ended by themselves before (earlyExits). Idempotent.
 func (c *cluster) stop() error {
 	c.stopOnce.Do(func() {
 		errs := make([]error, len(c.agents))
@@ -276,6 +277,9 @@ func (c *cluster) stop() error {
 		if c.collector != nil {
 			errs = append(errs, c.collector.stop(c.stopGrace))
 		}
+		// A process that died during the run stops "cleanly": said here, or a crashed
+		// log collector would leave the summary to be read from partial logs unnoticed.
+		errs = append(errs, c.earlyExits()...)
 		c.stopErr = errors.Join(errs...)
 		if c.stopErr != nil {
 			c.log.Warn().Err(c.stopErr).Msg("cluster stopped uncleanly")
@@ -284,6 +288,18 @@ func (c *cluster) stop() error {
 		}
 	})
 	return c.stopErr
+}
+
+// earlyExits are the errors of the processes that had ended by themselves before the
+// stop, in the order of all. Valid once stop has returned.
+func (c *cluster) earlyExits() []error {
+	var errs []error
+	for _, p := range c.all() {
+		if err := p.earlyExit(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errs
 }
 
 // freeLoopbackAddr picks a free TCP port on 127.0.0.1. Another process may take it

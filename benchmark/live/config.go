@@ -104,7 +104,7 @@ type Config struct {
 	Logger zerolog.Logger
 
 	// onProcessStart, when set, is told of every child process started. For tests.
-	onProcessStart func(name string, pid int)
+	onProcessStart func(*process)
 }
 
 // DefaultConfig is the seed's benchmark: 2 workers holding 2 labels each, 10

@@ -28,11 +28,11 @@ type pidLog struct {
 	pids  []int
 }
 
-func (l *pidLog) started(name string, pid int) {
+func (l *pidLog) started(p *process) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.procs = append(l.procs, fmt.Sprintf("%s %d", name, pid))
-	l.pids = append(l.pids, pid)
+	l.procs = append(l.procs, fmt.Sprintf("%s %d", p.name, p.pid()))
+	l.pids = append(l.pids, p.pid())
 }
 
 // assertAllGone checks that every process the run started is gone: they are our
@@ -238,6 +238,40 @@ func TestEndToEnd(t *testing.T) {
 		}
 	})
 
+	t.Run("a process that dies during the run fails it after printing its summary", func(t *testing.T) {
+		t.Parallel()
+		pids := &pidLog{}
+		cfg := e2eConfig(t, binDir, pids)
+		victim := agentID(cfg.NumWorkers)
+		var agent *process // written before the producers start, by startCluster's goroutine
+		cfg.onProcessStart = func(p *process) {
+			pids.started(p)
+			if p.name == victim {
+				agent = p
+			}
+		}
+		var once sync.Once
+		cfg.Progress = writerFunc(func(p []byte) (int, error) {
+			// The first redraw, or the last one once the producers are done: either way
+			// before the cluster is stopped. The agent is gone (reaped) on return.
+			once.Do(func() {
+				agent.cmd.Process.Kill()
+				<-agent.done
+			})
+			return len(p), nil
+		})
+		var stdout bytes.Buffer
+		err := Run(t.Context(), cfg, &stdout)
+		pids.assertAllGone(t, 2+cfg.NumWorkers)
+		want := "routing: " + victim + " exited by itself before it was stopped (signal: killed"
+		if err == nil || !strings.Contains(err.Error(), want) || errors.Is(err, ErrConfig) {
+			t.Errorf("err = %v; want a run error saying %q", err, want)
+		}
+		if out := stdout.String(); !strings.Contains(out, "Producer Log Summary") || !strings.Contains(out, "Note: "+victim+" exited by itself") {
+			t.Errorf("want the summary with a note of the lost agent:\n%s", out)
+		}
+	})
+
 	t.Run("triton backend", func(t *testing.T) {
 		t.Parallel()
 		pids := &pidLog{}
@@ -271,9 +305,9 @@ func TestEndToEnd(t *testing.T) {
 		cfg := e2eConfig(t, binDir, pids)
 		ctx, cancel := context.WithCancel(t.Context())
 		defer cancel()
-		cfg.onProcessStart = func(name string, pid int) {
-			pids.started(name, pid)
-			if name == agentID(cfg.NumWorkers) {
+		cfg.onProcessStart = func(p *process) {
+			pids.started(p)
+			if p.name == agentID(cfg.NumWorkers) {
 				cancel() // Ctrl-C while the workers connect
 			}
 		}

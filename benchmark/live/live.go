@@ -55,7 +55,7 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 		return err
 	}
 	// Reported after the results, whose summary shows what failed.
-	failed := noTaskCompleted(results)
+	failed := errors.Join(noTaskCompleted(results), earlyExits(results))
 	if !cfg.Compare {
 		if cfg.JSON {
 			return errors.Join(report.WriteJSON(stdout, results[0]), failed)
@@ -125,6 +125,18 @@ func noTaskCompleted(results []report.Result) error {
 
 // writeChart writes the chart to f, the temporary file, and renames it to path; on
 // error it removes f and path is left as it was.
+// earlyExits fails a run in which a process died before the stop: the run did not
+// measure the fleet asked for, and its summary may be read from partial logs.
+func earlyExits(results []report.Result) error {
+	var errs []error
+	for _, r := range results {
+		for _, e := range r.EarlyExits {
+			errs = append(errs, fmt.Errorf("%s: %s", r.Mode, e))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 func writeChart(f *os.File, path string, c report.Comparison) error {
 	err := report.WriteChart(f, c)
 	err = errors.Join(err, f.Close())
@@ -260,7 +272,7 @@ func runMode(ctx context.Context, cfg Config, bins binaries, random bool, outDir
 
 	// The logs are complete only once the agents have exited.
 	if err := cl.stop(); err != nil {
-		log.Warn().Err(err).Msg("some processes had to be killed; their last log lines may be missing")
+		log.Warn().Err(err).Msg("the cluster did not stop cleanly: the logs the summary is read from may be incomplete")
 	}
 	if runErr != nil {
 		return report.Result{}, fmt.Errorf("%s: producers stopped after %d of %d requests: %w", mode, len(records), cfg.Requests, runErr)
@@ -283,6 +295,9 @@ func runMode(ctx context.Context, cfg Config, bins binaries, random bool, outDir
 		Worker:   ws,
 		Producer: producer.Summarize(records),
 		OutDir:   dir,
+	}
+	for _, err := range cl.earlyExits() {
+		res.EarlyExits = append(res.EarlyExits, err.Error())
 	}
 	for _, n := range report.Notes(res) {
 		log.Warn().Msg(n)

@@ -26,6 +26,9 @@ type process struct {
 
 	stopOnce sync.Once
 	stopErr  error // written inside stopOnce
+	// endedEarly is written inside stopOnce: the process had ended by itself before
+	// stop was called.
+	endedEarly bool
 }
 
 // killWait bounds the wait for a process after SIGKILL; only a process stuck in the
@@ -82,10 +85,12 @@ func (p *process) exited() bool {
 // stop ends the process group: SIGTERM, then SIGKILL if the process is still there
 // after grace. Whatever is left of its group is killed once the process is gone. It
 // returns once the process has been reaped (or killWait after SIGKILL); calling it
-// again returns the first result.
+// again returns the first result. Its error says what had to be killed; a process
+// that had ended by itself before is told by earlyExit.
 func (p *process) stop(grace time.Duration) error {
 	p.stopOnce.Do(func() {
-		if !p.exited() {
+		p.endedEarly = p.exited()
+		if !p.endedEarly {
 			if err := terminateGroup(p.cmd.Process); err != nil {
 				p.stopErr = fmt.Errorf("SIGTERM to %s: %w", p.name, err)
 			}
@@ -111,6 +116,21 @@ func (p *process) stop(grace time.Duration) error {
 		}
 	})
 	return p.stopErr
+}
+
+// earlyExit, once stop has returned, is an error saying how the process ended when it
+// had ended by itself before stop was called, and nil otherwise. The processes of a
+// cluster are servers that run until stopped: for them, that is a crash during the
+// run (even with status 0), and their logs may be incomplete.
+func (p *process) earlyExit() error {
+	if !p.endedEarly {
+		return nil
+	}
+	status := "exit status 0"
+	if p.waitErr != nil {
+		status = p.waitErr.Error()
+	}
+	return fmt.Errorf("%s exited by itself before it was stopped (%s; its stderr: %s)", p.name, status, p.stderrPath)
 }
 
 // describeExit says how an exited process ended, with the end of its output.

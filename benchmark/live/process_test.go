@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/rs/zerolog"
 )
 
 // startHelper starts the test binary as a child in mode and returns it with the pid
@@ -139,5 +141,32 @@ func TestWaitUntilReportsExit(t *testing.T) {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error lacks %q:\n%v", want, err)
 		}
+	}
+}
+
+// A process of the cluster that died during the run (here the log collector, exit
+// status 3 before the stop) leaves the logs the summary is read from incomplete. stop
+// reported only the processes it had to kill: one that had crashed by itself stopped
+// "cleanly", and the summary was computed from partial logs without a word.
+func TestClusterStopReportsAnEarlyExit(t *testing.T) {
+	t.Parallel()
+	collector, _ := startHelper(t, "fail") // exits 3 by itself
+	collector.name = "log-collector"
+	<-collector.done
+	agent, _ := startHelper(t, "obedient") // runs until stopped
+	agent.name = agentID(1)
+	c := &cluster{log: zerolog.Nop(), collector: collector, agents: []*process{agent}, stopGrace: 10 * time.Second}
+	err := c.stop()
+	if err == nil || !strings.Contains(err.Error(), "log-collector exited by itself before it was stopped (exit status 3; its stderr: "+collector.stderrPath+")") {
+		t.Fatalf("cluster.stop() = %v; want the collector's early exit and its status", err)
+	}
+	if strings.Contains(err.Error(), agentID(1)) {
+		t.Errorf("cluster.stop() = %v; the agent ended on our SIGTERM, as it should", err)
+	}
+	if exits := c.earlyExits(); len(exits) != 1 {
+		t.Errorf("earlyExits = %v, want the collector's only", exits)
+	}
+	if again := c.stop(); again == nil || again.Error() != err.Error() {
+		t.Errorf("second stop: %v, want the first result", again)
 	}
 }

@@ -83,6 +83,9 @@ type SoakResult struct {
 	MaxGrowth     float64
 	WarmUp        time.Duration
 	DispatcherPID int
+	// EarlyExits say which processes ended by themselves before the stop: an agent
+	// lost during the soak changes what was measured without an error to show for it.
+	EarlyExits []string
 }
 
 // soakSamples is how many times memory is sampled after the warm-up.
@@ -120,6 +123,7 @@ func (r SoakResult) Failures() []string {
 	if r.Errors > 0 {
 		out = append(out, fmt.Sprintf("%d errors (first: %s)", r.Errors, r.FirstError))
 	}
+	out = append(out, r.EarlyExits...)
 	if g := r.HeapGrowth(); g > r.MaxGrowth || g < -r.MaxGrowth {
 		out = append(out, fmt.Sprintf("heap changed %+.1f%% (limit ±%.0f%%)", 100*g, 100*r.MaxGrowth))
 	}
@@ -262,6 +266,10 @@ func Soak(ctx context.Context, cfg SoakConfig) (SoakResult, error) {
 	res.FirstError = l.firstErr()
 	res.Achieved = float64(res.OK) / res.Duration.Seconds()
 	res.Latency = producer.Latencies(latencies)
+	c.stop() // the deferred call is then a no-op
+	for _, err := range c.earlyExits() {
+		res.EarlyExits = append(res.EarlyExits, err.Error())
+	}
 	return res, nil
 }
 

@@ -44,6 +44,11 @@ func TestSoakFailures(t *testing.T) {
 	if f := bad.Failures(); len(f) != 2 || !strings.Contains(f[0], "HTTP 503") || !strings.Contains(f[1], "heap") {
 		t.Fatalf("failures %v", f)
 	}
+	// An agent lost during the soak changes what was measured, errors or not.
+	ok.EarlyExits = []string{"bench-worker-1 exited by itself before it was stopped (signal: killed; its stderr: x)"}
+	if f := ok.Failures(); len(f) != 1 || f[0] != ok.EarlyExits[0] {
+		t.Fatalf("failures %v, want the early exit", f)
+	}
 }
 
 // stuckDispatcher holds every /run-task until release is closed (answering 200) or the

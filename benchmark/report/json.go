@@ -79,7 +79,9 @@ type jsonResult struct {
 	Settings jsonSettings `json:"settings"`
 	Worker   jsonWorker   `json:"worker"`
 	Producer jsonProducer `json:"producer"`
-	Notes    []string     `json:"notes,omitempty"`
+	// EarlyExits are Result.EarlyExits: processes that died during the run.
+	EarlyExits []string `json:"early_exits,omitempty"`
+	Notes      []string `json:"notes,omitempty"`
 }
 
 // jsonRatio is a Ratio; Value is null when it is infinite or undefined, which JSON
@@ -137,7 +139,8 @@ func toJSON(r Result) jsonResult {
 			},
 			Throughput: ps.Throughput, Wall: s(ps.Wall), Errors: ps.Errors,
 		},
-		Notes: Notes(r),
+		EarlyExits: r.EarlyExits,
+		Notes:      Notes(r),
 	}
 }
 

@@ -58,6 +58,10 @@ type Result struct {
 	Producer producer.Summary
 	// OutDir holds the run's logs and records.
 	OutDir string
+	// EarlyExits say which of the run's processes (log collector, dispatcher, agents)
+	// ended by themselves before the stop, and how: the run did not measure the fleet
+	// asked for, and the worker summary may be read from incomplete logs.
+	EarlyExits []string
 }
 
 // Describe is a one-line account of the settings.
@@ -151,10 +155,14 @@ func WriteText(w io.Writer, r Result) error {
 	return ew.err
 }
 
-// Notes are the inconsistencies between the workers' and producers' accounts that
-// a reader should know about.
+// Notes are what a reader should know about before trusting the counts: processes
+// that died during the run, inconsistencies between the workers' and producers'
+// accounts.
 func Notes(r Result) []string {
 	var notes []string
+	for _, e := range r.EarlyExits {
+		notes = append(notes, e+": the run lost a process; its counts may be short, and are not those of the fleet asked for")
+	}
 	ws, ps := r.Worker, r.Producer
 	if ps.Completed > 0 && ws.TasksCompleted == 0 {
 		notes = append(notes, fmt.Sprintf("the producers saw %d completed tasks but the worker logs hold no task_completed records: check the agents' --log-level and log format", ps.Completed))

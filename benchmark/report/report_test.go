@@ -330,3 +330,33 @@ func TestWriteErrors(t *testing.T) {
 		}
 	}
 }
+
+// A process that died during the run is told in the notes, the text and the JSON:
+// the counts may be short (a crashed log collector) and are not those of the fleet
+// asked for (a crashed agent).
+func TestEarlyExitsReported(t *testing.T) {
+	t.Parallel()
+	r := seedResult(ModeRouting, 138, 0.0639)
+	r.EarlyExits = []string{"log-collector exited by itself before it was stopped (exit status 3; its stderr: x)"}
+	notes := Notes(r)
+	if len(notes) != 1 || !strings.HasPrefix(notes[0], r.EarlyExits[0]) {
+		t.Errorf("notes %q, want the early exit", notes)
+	}
+	var text, js bytes.Buffer
+	if err := WriteText(&text, r); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(text.String(), "Note: log-collector exited by itself") {
+		t.Errorf("text lacks the note:\n%s", text.String())
+	}
+	if err := WriteJSON(&js, r); err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		EarlyExits []string `json:"early_exits"`
+		Notes      []string `json:"notes"`
+	}
+	if err := json.Unmarshal(js.Bytes(), &got); err != nil || len(got.EarlyExits) != 1 || len(got.Notes) != 1 {
+		t.Errorf("JSON early_exits %q, notes %q (%v)", got.EarlyExits, got.Notes, err)
+	}
+}

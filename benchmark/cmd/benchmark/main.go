@@ -64,10 +64,11 @@
 //	--quiet               no log lines on stderr
 //
 // Durations (D) take Go's form: 400ms, 1.5s, 2m. Exit status: 0 on success, 1 when
-// the run failed or no task completed in it (the summary is still printed), 2 on bad
-// usage (refused before anything starts; a --bin-dir without the binaries or a --repo
-// without go.work among them), 130 when interrupted. A second Ctrl-C ends the program
-// at once, should the orderly stop after the first one hang.
+// the run failed, no task completed in it or one of its processes exited before the
+// stop (the summary is still printed), 2 on bad usage (refused before anything
+// starts; a --bin-dir without the binaries or a --repo without go.work among them),
+// 130 when interrupted. A second Ctrl-C ends the program at once, should the orderly
+// stop after the first one hang.
 package main
 
 import (
