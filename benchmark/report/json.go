@@ -33,12 +33,15 @@ type jsonWorkerStats struct {
 	LabelMisses    int `json:"label_misses"`
 	TasksCompleted int `json:"tasks_completed"`
 	TasksFailed    int `json:"tasks_failed"`
+	TasksRerun     int `json:"tasks_rerun"`
 }
 
 type jsonWorker struct {
-	LabelMisses    int     `json:"label_misses"`
-	TasksCompleted int     `json:"tasks_completed"`
-	TasksFailed    int     `json:"tasks_failed"`
+	LabelMisses    int `json:"label_misses"`
+	TasksCompleted int `json:"tasks_completed"`
+	TasksFailed    int `json:"tasks_failed"`
+	// TasksRerun counts the runs beyond each task's last (workerlog.Summary.TasksRerun).
+	TasksRerun     int     `json:"tasks_rerun"`
 	AvgTaskRuntime float64 `json:"avg_task_runtime_s"`
 	// AvgTaskRuntimeUnscaled is AvgTaskRuntime divided by the time scale.
 	AvgTaskRuntimeUnscaled float64                    `json:"avg_task_runtime_unscaled_s"`
@@ -104,7 +107,7 @@ func toJSON(r Result) jsonResult {
 	workers := map[string]jsonWorkerStats{}
 	for _, id := range slices.Sorted(maps.Keys(ws.Workers)) {
 		w := ws.Workers[id]
-		workers[id] = jsonWorkerStats{w.LabelMisses, w.TasksCompleted, w.TasksFailed}
+		workers[id] = jsonWorkerStats{w.LabelMisses, w.TasksCompleted, w.TasksFailed, w.TasksRerun}
 	}
 	l := ps.Latency
 	var simRun *float64
@@ -124,7 +127,7 @@ func toJSON(r Result) jsonResult {
 			Backend: cmp.Or(st.Backend, "sim"), SimLoadTimeS: s(st.SimLoadTime), SimRunTimeS: simRun,
 		},
 		Worker: jsonWorker{
-			LabelMisses: ws.LabelMisses, TasksCompleted: ws.TasksCompleted, TasksFailed: ws.TasksFailed,
+			LabelMisses: ws.LabelMisses, TasksCompleted: ws.TasksCompleted, TasksFailed: ws.TasksFailed, TasksRerun: ws.TasksRerun,
 			AvgTaskRuntime:         s(ws.AvgTaskRuntime),
 			AvgTaskRuntimeUnscaled: s(st.unscaledRuntime(ws)),
 			AvgLoadTime:            s(ws.AvgLoadTime), AvgRunTime: s(ws.AvgRunTime),

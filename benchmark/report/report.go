@@ -140,7 +140,11 @@ func WriteText(w io.Writer, r Result) error {
 		ew.printf("\nPer Worker:\n")
 		for _, id := range slices.Sorted(maps.Keys(ws.Workers)) {
 			s := ws.Workers[id]
-			ew.printf("%s: %d completed, %d failed, %d label misses\n", id, s.TasksCompleted, s.TasksFailed, s.LabelMisses)
+			ew.printf("%s: %d completed, %d failed, %d label misses", id, s.TasksCompleted, s.TasksFailed, s.LabelMisses)
+			if s.TasksRerun > 0 {
+				ew.printf(", %d runs lost (their tasks ran again)", s.TasksRerun)
+			}
+			ew.printf("\n")
 		}
 	}
 	for _, n := range Notes(r) {
@@ -168,6 +172,9 @@ func Notes(r Result) []string {
 		notes = append(notes, fmt.Sprintf("the producers saw %d completed tasks but the worker logs hold no task_completed records: check the agents' --log-level and log format", ps.Completed))
 	} else if ws.TasksCompleted != ps.Completed {
 		notes = append(notes, fmt.Sprintf("the worker logs count %d completed tasks, the producers %d", ws.TasksCompleted, ps.Completed))
+	}
+	if ws.TasksRerun > 0 {
+		notes = append(notes, fmt.Sprintf("%d task runs were repeated (a result lost with its connection; the dispatcher ran the task again): each task counts once, by its last run, and every run's label load counts", ws.TasksRerun))
 	}
 	if ws.LabelMisses != ps.LabelMisses && ps.Failed == 0 && ws.TasksFailed == 0 && ws.TasksCompleted > 0 {
 		notes = append(notes, fmt.Sprintf("the worker logs count %d label misses, the dispatcher's answers %d", ws.LabelMisses, ps.LabelMisses))

@@ -360,3 +360,38 @@ func TestEarlyExitsReported(t *testing.T) {
 		t.Errorf("JSON early_exits %q, notes %q (%v)", got.EarlyExits, got.Notes, err)
 	}
 }
+
+// Tasks run twice (a result lost with its connection) count once; the extra runs are
+// told in the notes, per worker and in the JSON rather than silently dropped.
+func TestRerunsReported(t *testing.T) {
+	t.Parallel()
+	r := seedResult(ModeRouting, 138, 0.0639)
+	r.Worker.TasksRerun = 3
+	w := r.Worker.Workers["bench-worker-1"]
+	w.TasksRerun = 3
+	r.Worker.Workers["bench-worker-1"] = w
+	if n := strings.Join(Notes(r), " "); !strings.Contains(n, "3 task runs were repeated") {
+		t.Errorf("notes %q, want the reruns", n)
+	}
+	var text, js bytes.Buffer
+	if err := WriteText(&text, r); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(text.String(), "bench-worker-1: 1300 completed, 0 failed, 69 label misses, 3 runs lost (their tasks ran again)\n") {
+		t.Errorf("per-worker line lacks the reruns:\n%s", text.String())
+	}
+	if err := WriteJSON(&js, r); err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Worker struct {
+			TasksRerun int `json:"tasks_rerun"`
+			Workers    map[string]struct {
+				TasksRerun int `json:"tasks_rerun"`
+			} `json:"workers"`
+		} `json:"worker"`
+	}
+	if err := json.Unmarshal(js.Bytes(), &got); err != nil || got.Worker.TasksRerun != 3 || got.Worker.Workers["bench-worker-1"].TasksRerun != 3 {
+		t.Errorf("JSON worker %+v (%v), want tasks_rerun 3", got.Worker, err)
+	}
+}

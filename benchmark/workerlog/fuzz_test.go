@@ -21,12 +21,16 @@ func FuzzSummarize(f *testing.F) {
 	}
 	f.Add([]byte(`{"event":"task_completed","worker_id":"w","task_id":"t","label_miss":true,"ok":false}`+"\n"+
 		`{"event":"label_miss","worker_id":"w","task_id":"t","attempt":2}`), uint16(1))
+	// A task run twice (its first result lost with the connection).
+	f.Add([]byte(`{"event":"task_completed","worker_id":"w1","task_id":"t","attempt":1,"total_ms":50,"ok":true}`+"\n"+
+		`{"event":"task_completed","worker_id":"w2","task_id":"t","attempt":2,"total_ms":0.1,"ok":true}`+"\n"+
+		`{"event":"task_completed","worker_id":"w2","task_id":"u","total_ms":1e300,"ok":true}`), uint16(90))
 	f.Fuzz(func(t *testing.T, logs []byte, cut uint16) {
 		whole, err := Summarize(bytes.NewReader(logs))
 		if err != nil {
 			t.Skip() // a line over maxLine cannot be built from a fuzz input this size
 		}
-		if whole.LabelMisses > whole.Records || whole.TasksCompleted+whole.TasksFailed > whole.Records {
+		if whole.LabelMisses > whole.Records || whole.TasksCompleted+whole.TasksFailed+whole.TasksRerun > whole.Records {
 			t.Fatalf("counts exceed records: %+v", whole)
 		}
 		// Split at a line boundary: the second reader starts a line.

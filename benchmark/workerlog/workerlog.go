@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"time"
 )
 
@@ -29,15 +30,24 @@ type Summary struct {
 	// LabelMisses is how many times a worker had to load a label for a task. A miss
 	// logged both as a label_miss record and on its task_completed record counts once.
 	LabelMisses int
-	// TasksCompleted is how many task_completed records say ok.
+	// TasksCompleted is how many tasks (task ids) completed: those whose last run's
+	// task_completed record says ok. A task runs more than once when the result of a
+	// run is lost with its connection (the agent had queued it, and logged the task as
+	// done; the dispatcher ran it again): the producer got one result, so the task
+	// counts once, by its run of the highest attempt (on a tie, an ok one, then the
+	// first read), which is the result the dispatcher answered with.
 	TasksCompleted int
-	// TasksFailed is how many task_completed records say not ok.
+	// TasksFailed is how many tasks' last run says not ok.
 	TasksFailed int
+	// TasksRerun is how many task_completed records repeat a task id already read:
+	// the runs beyond each task's last (see TasksCompleted). Their loads count in
+	// LabelMisses; nothing else of them counts.
+	TasksRerun int
 	// AvgTaskRuntime is the mean total_ms (load + run on the worker) of the completed
-	// tasks: the seed's "Average Task Runtime".
+	// tasks' last runs: the seed's "Average Task Runtime".
 	AvgTaskRuntime time.Duration
-	// AvgLoadTime is the mean load_ms of the completed tasks that missed; AvgRunTime
-	// the mean run_ms of all completed tasks.
+	// AvgLoadTime is the mean load_ms of the completed tasks whose last run missed;
+	// AvgRunTime the mean run_ms of all completed tasks' last runs.
 	AvgLoadTime, AvgRunTime time.Duration
 	// Workers holds the same counts per worker id.
 	Workers map[string]WorkerStats
@@ -46,11 +56,13 @@ type Summary struct {
 	Records, Skipped int
 }
 
-// WorkerStats is one worker's share of a Summary.
+// WorkerStats is one worker's share of a Summary: a task counts for the worker of its
+// last run, a rerun for the worker of the run that was not the last.
 type WorkerStats struct {
 	LabelMisses    int
 	TasksCompleted int
 	TasksFailed    int
+	TasksRerun     int
 }
 
 // record is the union of the fields of the records Summarize reads.
@@ -88,11 +100,32 @@ func Summarize(logs ...io.Reader) (Summary, error) {
 }
 
 type accumulator struct {
-	s                        Summary
-	misses                   map[string]int // "worker_id\x00task_id" of the misses counted: the attempt (0: unknown)
-	runtimeMS, loadMS, runMS float64
-	loads                    int
+	s      Summary
+	misses map[string]int // "worker_id\x00task_id" of the misses counted: the attempt (0: unknown)
+	// runs are the task_completed records by task, in the order the tasks were first
+	// read (so that the sums, and the summary, do not depend on map order); byID finds
+	// a task's entry. A record without a task id is a task of its own.
+	runs []*taskRuns
+	byID map[string]*taskRuns
 }
+
+// taskRuns are the task_completed records of one task.
+type taskRuns struct {
+	last   record   // the run the task counts by
+	others []string // the workers of its other runs
+}
+
+// later reports whether r replaces cur as the task's last run: a higher attempt, or
+// on the same attempt an ok run over a failed one.
+func later(r, cur record) bool {
+	if r.Attempt != cur.Attempt {
+		return r.Attempt > cur.Attempt
+	}
+	return ok(r) && !ok(cur)
+}
+
+// ok says a task_completed record says ok; a record without "ok" does.
+func ok(r record) bool { return r.OK == nil || *r.OK }
 
 func (a *accumulator) line(b []byte) {
 	b = bytes.TrimSpace(b)
@@ -138,25 +171,27 @@ func (a *accumulator) miss(r record) {
 }
 
 func (a *accumulator) completed(r record) {
+	// Every run's load was a real one: misses count per run, reruns included.
 	if r.LabelMiss {
 		a.miss(r)
 	}
-	if r.OK != nil && !*r.OK {
-		a.s.TasksFailed++
-		a.worker(r.WorkerID, func(w *WorkerStats) { w.TasksFailed++ })
+	t := a.byID[r.TaskID]
+	if t == nil || r.TaskID == "" {
+		t = &taskRuns{last: r}
+		a.runs = append(a.runs, t)
+		if r.TaskID != "" {
+			if a.byID == nil {
+				a.byID = map[string]*taskRuns{}
+			}
+			a.byID[r.TaskID] = t
+		}
 		return
 	}
-	a.s.TasksCompleted++
-	a.worker(r.WorkerID, func(w *WorkerStats) { w.TasksCompleted++ })
-	total := r.LoadMS + r.RunMS
-	if r.TotalMS != nil {
-		total = *r.TotalMS
-	}
-	a.runtimeMS += total
-	a.runMS += r.RunMS
-	if r.LabelMiss {
-		a.loadMS += r.LoadMS
-		a.loads++
+	if later(r, t.last) {
+		t.others = append(t.others, t.last.WorkerID)
+		t.last = r
+	} else {
+		t.others = append(t.others, r.WorkerID)
 	}
 }
 
@@ -169,14 +204,50 @@ func (a *accumulator) worker(id string, f func(*WorkerStats)) {
 	a.s.Workers[id] = w
 }
 
+// summary counts the tasks by their last runs. It leaves the accumulator as it was.
 func (a *accumulator) summary() Summary {
 	s := a.s
-	if n := s.TasksCompleted; n > 0 {
-		s.AvgTaskRuntime = ms(a.runtimeMS / float64(n))
-		s.AvgRunTime = ms(a.runMS / float64(n))
+	s.Workers = maps.Clone(a.s.Workers)
+	var runtimeMS, loadMS, runMS float64
+	loads := 0
+	worker := func(id string, f func(*WorkerStats)) {
+		if s.Workers == nil {
+			s.Workers = map[string]WorkerStats{}
+		}
+		w := s.Workers[id]
+		f(&w)
+		s.Workers[id] = w
 	}
-	if a.loads > 0 {
-		s.AvgLoadTime = ms(a.loadMS / float64(a.loads))
+	for _, t := range a.runs {
+		for _, id := range t.others {
+			s.TasksRerun++
+			worker(id, func(w *WorkerStats) { w.TasksRerun++ })
+		}
+		r := t.last
+		if !ok(r) {
+			s.TasksFailed++
+			worker(r.WorkerID, func(w *WorkerStats) { w.TasksFailed++ })
+			continue
+		}
+		s.TasksCompleted++
+		worker(r.WorkerID, func(w *WorkerStats) { w.TasksCompleted++ })
+		total := r.LoadMS + r.RunMS
+		if r.TotalMS != nil {
+			total = *r.TotalMS
+		}
+		runtimeMS += total
+		runMS += r.RunMS
+		if r.LabelMiss {
+			loadMS += r.LoadMS
+			loads++
+		}
+	}
+	if n := s.TasksCompleted; n > 0 {
+		s.AvgTaskRuntime = ms(runtimeMS / float64(n))
+		s.AvgRunTime = ms(runMS / float64(n))
+	}
+	if loads > 0 {
+		s.AvgLoadTime = ms(loadMS / float64(loads))
 	}
 	return s
 }

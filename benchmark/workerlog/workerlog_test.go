@@ -1,7 +1,9 @@
 package workerlog
 
 import (
+	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -133,5 +135,87 @@ func TestSummarizeReaderError(t *testing.T) {
 	_, err := Summarize(strings.NewReader("{}\n"), iotest.ErrReader(io.ErrUnexpectedEOF))
 	if err == nil || !strings.Contains(err.Error(), "log 2") {
 		t.Fatalf("err = %v, want an error naming log 2", err)
+	}
+}
+
+// A task whose result was lost with its connection (the agent had queued it and
+// logged the task as completed) is run again by the dispatcher: one task, one result
+// for the producer, but two task_completed records. Each task used to count (and its
+// runtime be averaged in) once per record.
+func TestSummarizeRetriedTasks(t *testing.T) {
+	t.Parallel()
+	rec := func(worker, task string, attempt int, ok bool, miss bool, totalMS float64) string {
+		return fmt.Sprintf(`{"event":"task_completed","worker_id":%q,"task_id":%q,"attempt":%d,"label":"a","label_miss":%v,"load_ms":%v,"run_ms":10,"total_ms":%v,"ok":%v}`,
+			worker, task, attempt, miss, totalMS-10, totalMS, ok)
+	}
+	tests := []struct {
+		name                             string
+		logs                             []string // one reader each
+		completed, failed, rerun, misses int
+		avgRuntime                       time.Duration
+		workers                          map[string]WorkerStats
+	}{
+		{
+			name: "a retried task counts once, by its last run",
+			logs: []string{
+				rec("w1", "t", 1, true, false, 50) + "\n" + rec("w1", "u", 1, true, false, 30),
+				rec("w2", "t", 2, true, true, 70),
+			},
+			completed: 2, rerun: 1, misses: 1, avgRuntime: 50 * time.Millisecond,
+			workers: map[string]WorkerStats{"w1": {TasksCompleted: 1, TasksRerun: 1}, "w2": {TasksCompleted: 1, LabelMisses: 1}},
+		},
+		{
+			name:      "the last run read first still decides",
+			logs:      []string{rec("w2", "t", 2, true, false, 70), rec("w1", "t", 1, true, false, 50)},
+			completed: 1, rerun: 1, avgRuntime: 70 * time.Millisecond,
+			workers: map[string]WorkerStats{"w1": {TasksRerun: 1}, "w2": {TasksCompleted: 1}},
+		},
+		{
+			// The producer got the failure of the second attempt.
+			name:   "a lost ok run, then a failed one: failed",
+			logs:   []string{rec("w1", "t", 1, true, false, 50) + "\n" + rec("w2", "t", 2, false, false, 20)},
+			failed: 1, rerun: 1,
+			workers: map[string]WorkerStats{"w1": {TasksRerun: 1}, "w2": {TasksFailed: 1}},
+		},
+		{
+			// Each load was a real one.
+			name:      "both runs' loads count",
+			logs:      []string{rec("w1", "t", 1, true, true, 450) + "\n" + rec("w2", "t", 2, true, true, 440)},
+			completed: 1, rerun: 1, misses: 2, avgRuntime: 440 * time.Millisecond,
+			workers: map[string]WorkerStats{"w1": {TasksRerun: 1, LabelMisses: 1}, "w2": {TasksCompleted: 1, LabelMisses: 1}},
+		},
+		{
+			name:      "on one attempt, an ok run wins whatever the order",
+			logs:      []string{rec("w1", "t", 0, true, false, 50) + "\n" + rec("w1", "t", 0, false, false, 20)},
+			completed: 1, rerun: 1, avgRuntime: 50 * time.Millisecond,
+			workers: map[string]WorkerStats{"w1": {TasksCompleted: 1, TasksRerun: 1}},
+		},
+		{
+			name:      "records without a task id are never merged",
+			logs:      []string{rec("w1", "", 1, true, false, 50) + "\n" + rec("w1", "", 1, true, false, 50)},
+			completed: 2, avgRuntime: 50 * time.Millisecond,
+			workers: map[string]WorkerStats{"w1": {TasksCompleted: 2}},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var rs []io.Reader
+			for _, l := range tt.logs {
+				rs = append(rs, strings.NewReader(l))
+			}
+			s, err := Summarize(rs...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.TasksCompleted != tt.completed || s.TasksFailed != tt.failed || s.TasksRerun != tt.rerun ||
+				s.LabelMisses != tt.misses || s.AvgTaskRuntime != tt.avgRuntime {
+				t.Errorf("completed %d failed %d rerun %d misses %d avg %v; want %d %d %d %d %v", s.TasksCompleted, s.TasksFailed,
+					s.TasksRerun, s.LabelMisses, s.AvgTaskRuntime, tt.completed, tt.failed, tt.rerun, tt.misses, tt.avgRuntime)
+			}
+			if !maps.Equal(s.Workers, tt.workers) {
+				t.Errorf("workers %+v, want %+v", s.Workers, tt.workers)
+			}
+		})
 	}
 }
