@@ -34,6 +34,10 @@ type jsonWorkerStats struct {
 	TasksCompleted int `json:"tasks_completed"`
 	TasksFailed    int `json:"tasks_failed"`
 	TasksRerun     int `json:"tasks_rerun"`
+	// LogRecordsDropped and LogBatchesMissing are the log collector's notes of lost
+	// records (workerlog.Summary).
+	LogRecordsDropped int `json:"log_records_dropped"`
+	LogBatchesMissing int `json:"log_batches_missing"`
 }
 
 type jsonWorker struct {
@@ -41,8 +45,12 @@ type jsonWorker struct {
 	TasksCompleted int `json:"tasks_completed"`
 	TasksFailed    int `json:"tasks_failed"`
 	// TasksRerun counts the runs beyond each task's last (workerlog.Summary.TasksRerun).
-	TasksRerun     int     `json:"tasks_rerun"`
-	AvgTaskRuntime float64 `json:"avg_task_runtime_s"`
+	TasksRerun int `json:"tasks_rerun"`
+	// LogRecordsDropped and LogBatchesMissing are the log collector's notes of lost
+	// records: the counts above are short by those records.
+	LogRecordsDropped int     `json:"log_records_dropped"`
+	LogBatchesMissing int     `json:"log_batches_missing"`
+	AvgTaskRuntime    float64 `json:"avg_task_runtime_s"`
 	// AvgTaskRuntimeUnscaled is AvgTaskRuntime divided by the time scale.
 	AvgTaskRuntimeUnscaled float64                    `json:"avg_task_runtime_unscaled_s"`
 	AvgLoadTime            float64                    `json:"avg_load_time_s"`
@@ -107,7 +115,7 @@ func toJSON(r Result) jsonResult {
 	workers := map[string]jsonWorkerStats{}
 	for _, id := range slices.Sorted(maps.Keys(ws.Workers)) {
 		w := ws.Workers[id]
-		workers[id] = jsonWorkerStats{w.LabelMisses, w.TasksCompleted, w.TasksFailed, w.TasksRerun}
+		workers[id] = jsonWorkerStats{w.LabelMisses, w.TasksCompleted, w.TasksFailed, w.TasksRerun, w.LogRecordsDropped, w.LogBatchesMissing}
 	}
 	l := ps.Latency
 	var simRun *float64
@@ -128,6 +136,7 @@ func toJSON(r Result) jsonResult {
 		},
 		Worker: jsonWorker{
 			LabelMisses: ws.LabelMisses, TasksCompleted: ws.TasksCompleted, TasksFailed: ws.TasksFailed, TasksRerun: ws.TasksRerun,
+			LogRecordsDropped: ws.LogRecordsDropped, LogBatchesMissing: ws.LogBatchesMissing,
 			AvgTaskRuntime:         s(ws.AvgTaskRuntime),
 			AvgTaskRuntimeUnscaled: s(st.unscaledRuntime(ws)),
 			AvgLoadTime:            s(ws.AvgLoadTime), AvgRunTime: s(ws.AvgRunTime),

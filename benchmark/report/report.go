@@ -144,6 +144,9 @@ func WriteText(w io.Writer, r Result) error {
 			if s.TasksRerun > 0 {
 				ew.printf(", %d runs lost (their tasks ran again)", s.TasksRerun)
 			}
+			if s.LogRecordsDropped > 0 || s.LogBatchesMissing > 0 {
+				ew.printf(", %d log records dropped, %d log batches missing", s.LogRecordsDropped, s.LogBatchesMissing)
+			}
 			ew.printf("\n")
 		}
 	}
@@ -172,6 +175,9 @@ func Notes(r Result) []string {
 		notes = append(notes, fmt.Sprintf("the producers saw %d completed tasks but the worker logs hold no task_completed records: check the agents' --log-level and log format", ps.Completed))
 	} else if ws.TasksCompleted != ps.Completed {
 		notes = append(notes, fmt.Sprintf("the worker logs count %d completed tasks, the producers %d", ws.TasksCompleted, ps.Completed))
+	}
+	if ws.LogRecordsDropped > 0 || ws.LogBatchesMissing > 0 {
+		notes = append(notes, fmt.Sprintf("the log collector noted %d log records dropped by the agents (their buffers were full) and %d log batches missing from its files: the worker counts are short by the records lost", ws.LogRecordsDropped, ws.LogBatchesMissing))
 	}
 	if ws.TasksRerun > 0 {
 		notes = append(notes, fmt.Sprintf("%d task runs were repeated (a result lost with its connection; the dispatcher ran the task again): each task counts once, by its last run, and every run's label load counts", ws.TasksRerun))

@@ -395,3 +395,45 @@ func TestRerunsReported(t *testing.T) {
 		t.Errorf("JSON worker %+v (%v), want tasks_rerun 3", got.Worker, err)
 	}
 }
+
+// Records the agents dropped and batches missing from the collector's files leave the
+// worker counts short: the summary says so (notes, text, JSON) instead of nothing.
+func TestLostLogRecordsReported(t *testing.T) {
+	t.Parallel()
+	log := `{"level":"warn","worker_id":"w1","component":"log_collector","event":"log_records_dropped","dropped":250,"dropped_total":250}
+{"level":"warn","worker_id":"w1","component":"log_collector","event":"log_batches_missing","missing_from":3,"missing_to":7}
+{"event":"task_completed","worker_id":"w1","task_id":"t1","attempt":1,"label":"a","label_miss":false,"run_ms":50,"total_ms":50,"ok":true}
+`
+	ws, err := workerlog.Summarize(strings.NewReader(log))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := Result{Mode: ModeRouting, Worker: ws, Producer: producer.Summarize([]producer.Record{{OK: true, Sync: true, Dispatched: true}})}
+	if n := strings.Join(Notes(r), " "); !strings.Contains(n, "250 log records dropped") || !strings.Contains(n, "5 log batches missing") {
+		t.Errorf("notes %q, want the lost records", n)
+	}
+	var text, js bytes.Buffer
+	if err := WriteText(&text, r); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(text.String(), "w1: 1 completed, 0 failed, 0 label misses, 250 log records dropped, 5 log batches missing\n") {
+		t.Errorf("per-worker line lacks the lost records:\n%s", text.String())
+	}
+	if err := WriteJSON(&js, r); err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Worker struct {
+			Dropped int `json:"log_records_dropped"`
+			Missing int `json:"log_batches_missing"`
+			Workers map[string]struct {
+				Dropped int `json:"log_records_dropped"`
+				Missing int `json:"log_batches_missing"`
+			} `json:"workers"`
+		} `json:"worker"`
+	}
+	if err := json.Unmarshal(js.Bytes(), &got); err != nil || got.Worker.Dropped != 250 || got.Worker.Missing != 5 ||
+		got.Worker.Workers["w1"].Dropped != 250 || got.Worker.Workers["w1"].Missing != 5 {
+		t.Errorf("JSON worker %+v (%v), want 250 dropped and 5 missing, in all and for w1", got.Worker, err)
+	}
+}

@@ -21,6 +21,10 @@ func FuzzSummarize(f *testing.F) {
 	}
 	f.Add([]byte(`{"event":"task_completed","worker_id":"w","task_id":"t","label_miss":true,"ok":false}`+"\n"+
 		`{"event":"label_miss","worker_id":"w","task_id":"t","attempt":2}`), uint16(1))
+	// The collector's notes of lost records.
+	f.Add([]byte(`{"worker_id":"w","event":"log_records_dropped","dropped":9223372036854775807}`+"\n"+
+		`{"worker_id":"w","event":"log_records_dropped","dropped":2}`+"\n"+
+		`{"worker_id":"w","event":"log_batches_missing","missing_from":3,"missing_to":7}`), uint16(70))
 	// A task run twice (its first result lost with the connection).
 	f.Add([]byte(`{"event":"task_completed","worker_id":"w1","task_id":"t","attempt":1,"total_ms":50,"ok":true}`+"\n"+
 		`{"event":"task_completed","worker_id":"w2","task_id":"t","attempt":2,"total_ms":0.1,"ok":true}`+"\n"+
@@ -32,6 +36,9 @@ func FuzzSummarize(f *testing.F) {
 		}
 		if whole.LabelMisses > whole.Records || whole.TasksCompleted+whole.TasksFailed+whole.TasksRerun > whole.Records {
 			t.Fatalf("counts exceed records: %+v", whole)
+		}
+		if whole.LogRecordsDropped < 0 || whole.LogBatchesMissing < 0 {
+			t.Fatalf("lost records wrapped below zero: %+v", whole)
 		}
 		// Split at a line boundary: the second reader starts a line.
 		i := min(int(cut), len(logs))

@@ -6,6 +6,11 @@
 //	{"event":"label_miss","worker_id","task_id","label","load_ms"}
 //	{"event":"task_completed","worker_id","task_id","attempt","label","label_miss","load_ms","run_ms","total_ms","ok"}
 //
+// and the notes the log collector adds to a worker's file when records are lost:
+//
+//	{"event":"log_records_dropped","worker_id","dropped","dropped_total"}
+//	{"event":"log_batches_missing","worker_id","missing_from","missing_to"}
+//
 // Times are milliseconds as floats.
 package workerlog
 
@@ -16,6 +21,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"time"
 )
 
@@ -23,6 +29,11 @@ import (
 const (
 	EventLabelMiss     = "label_miss"
 	EventTaskCompleted = "task_completed"
+	// The log collector's notes (log-collector/ingest.go): "dropped" records the agent
+	// dropped since the last note (its buffer was full), and the batches whose
+	// sequence numbers, missing_from to missing_to, never reached the files.
+	EventLogRecordsDropped = "log_records_dropped"
+	EventLogBatchesMissing = "log_batches_missing"
 )
 
 // Summary is what the workers' logs say about a run.
@@ -49,9 +60,13 @@ type Summary struct {
 	// AvgLoadTime is the mean load_ms of the completed tasks whose last run missed;
 	// AvgRunTime the mean run_ms of all completed tasks' last runs.
 	AvgLoadTime, AvgRunTime time.Duration
+	// LogRecordsDropped and LogBatchesMissing sum the log collector's notes: records
+	// the agents dropped, and batches of records missing from the files. The counts
+	// above are short by an unknown share of them (a batch holds many records).
+	LogRecordsDropped, LogBatchesMissing int
 	// Workers holds the same counts per worker id.
 	Workers map[string]WorkerStats
-	// Records is how many records of the two kinds above were read; Skipped how many
+	// Records is how many records of the kinds above were read; Skipped how many
 	// lines were not JSON objects or did not decode.
 	Records, Skipped int
 }
@@ -63,6 +78,8 @@ type WorkerStats struct {
 	TasksCompleted int
 	TasksFailed    int
 	TasksRerun     int
+
+	LogRecordsDropped, LogBatchesMissing int
 }
 
 // record is the union of the fields of the records Summarize reads.
@@ -77,6 +94,11 @@ type record struct {
 	RunMS     float64  `json:"run_ms"`
 	TotalMS   *float64 `json:"total_ms"`
 	OK        *bool    `json:"ok"`
+	// The collector's notes. Floats: any JSON number decodes, so an odd value in a
+	// note cannot make a line of another kind undecodable.
+	Dropped     float64 `json:"dropped"`
+	MissingFrom float64 `json:"missing_from"`
+	MissingTo   float64 `json:"missing_to"`
 }
 
 // maxLine bounds one log line; longer lines are an error rather than a silent cut.
@@ -148,7 +170,37 @@ func (a *accumulator) line(b []byte) {
 	case EventTaskCompleted:
 		a.s.Records++
 		a.completed(r)
+	case EventLogRecordsDropped:
+		a.s.Records++
+		n := count(r.Dropped)
+		a.s.LogRecordsDropped = addSat(a.s.LogRecordsDropped, n)
+		a.worker(r.WorkerID, func(w *WorkerStats) { w.LogRecordsDropped = addSat(w.LogRecordsDropped, n) })
+	case EventLogBatchesMissing:
+		a.s.Records++
+		n := count(r.MissingTo - r.MissingFrom + 1)
+		a.s.LogBatchesMissing = addSat(a.s.LogBatchesMissing, n)
+		a.worker(r.WorkerID, func(w *WorkerStats) { w.LogBatchesMissing = addSat(w.LogBatchesMissing, n) })
 	}
+}
+
+// count is a note's count as an int: none when not positive, at most math.MaxInt.
+func count(v float64) int {
+	switch {
+	case !(v > 0):
+		return 0
+	case v >= math.MaxInt:
+		return math.MaxInt
+	}
+	return int(v)
+}
+
+// addSat adds two counts that are not negative, stopping at math.MaxInt: the numbers
+// come from files, and must not wrap into nonsense.
+func addSat(a, b int) int {
+	if a > math.MaxInt-b {
+		return math.MaxInt
+	}
+	return a + b
 }
 
 func (a *accumulator) miss(r record) {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -217,5 +218,43 @@ func TestSummarizeRetriedTasks(t *testing.T) {
 				t.Errorf("workers %+v, want %+v", s.Workers, tt.workers)
 			}
 		})
+	}
+}
+
+// The log collector writes a note into a worker's file when the agent dropped records
+// (its buffer was full) or batches are missing. The counts read from that file are
+// then short, yet the notes were skipped as unknown events and the loss went unsaid.
+func TestSummarizeCollectorNotes(t *testing.T) {
+	t.Parallel()
+	w1 := `{"level":"warn","time":"2025-01-01T10:00:00Z","worker_id":"w1","component":"log_collector","event":"log_records_dropped","dropped":250,"dropped_total":250,"message":"the agent dropped log records because its buffer was full"}
+{"level":"warn","time":"2025-01-01T10:00:00Z","worker_id":"w1","component":"log_collector","event":"log_batches_missing","missing_from":3,"missing_to":7,"message":"log batches of this stream are not in the collector's files"}
+{"event":"task_completed","worker_id":"w1","task_id":"t1","attempt":1,"label":"a","label_miss":false,"run_ms":50,"total_ms":50,"ok":true}
+{"level":"warn","worker_id":"w1","component":"log_collector","event":"log_records_dropped","dropped":10,"dropped_total":260}
+`
+	// Values no collector writes count as nothing, or saturate; never wrap.
+	w2 := `{"worker_id":"w2","component":"log_collector","event":"log_batches_missing","missing_from":9,"missing_to":8}
+{"worker_id":"w2","component":"log_collector","event":"log_records_dropped","dropped":-5}
+{"worker_id":"w2","component":"log_collector","event":"log_batches_missing","missing_from":1,"missing_to":1}
+`
+	s, err := Summarize(strings.NewReader(w1), strings.NewReader(w2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.LogRecordsDropped != 260 || s.LogBatchesMissing != 6 || s.TasksCompleted != 1 || s.Records != 7 || s.Skipped != 0 {
+		t.Errorf("dropped %d, missing %d, completed %d, records %d, skipped %d; want 260, 6, 1, 7, 0",
+			s.LogRecordsDropped, s.LogBatchesMissing, s.TasksCompleted, s.Records, s.Skipped)
+	}
+	want := map[string]WorkerStats{
+		"w1": {TasksCompleted: 1, LogRecordsDropped: 260, LogBatchesMissing: 5},
+		"w2": {LogBatchesMissing: 1},
+	}
+	if !maps.Equal(s.Workers, want) {
+		t.Errorf("workers %+v, want %+v", s.Workers, want)
+	}
+	huge := `{"worker_id":"w","event":"log_records_dropped","dropped":18446744073709551615}` + "\n" +
+		`{"worker_id":"w","event":"log_records_dropped","dropped":18446744073709551615}` + "\n" +
+		`{"worker_id":"w","event":"log_batches_missing","missing_from":0,"missing_to":1e300}`
+	if s, err := Summarize(strings.NewReader(huge)); err != nil || s.LogRecordsDropped != math.MaxInt || s.LogBatchesMissing != math.MaxInt {
+		t.Errorf("huge counts: dropped %d, missing %d (%v); want both math.MaxInt", s.LogRecordsDropped, s.LogBatchesMissing, err)
 	}
 }
