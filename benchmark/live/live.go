@@ -123,8 +123,6 @@ func noTaskCompleted(results []report.Result) error {
 	return errors.Join(errs...)
 }
 
-// writeChart writes the chart to f, the temporary file, and renames it to path; on
-// error it removes f and path is left as it was.
 // earlyExits fails a run in which a process died before the stop: the run did not
 // measure the fleet asked for, and its summary may be read from partial logs.
 func earlyExits(results []report.Result) error {
@@ -137,6 +135,8 @@ func earlyExits(results []report.Result) error {
 	return errors.Join(errs...)
 }
 
+// writeChart writes the chart to f, the temporary file, and renames it to path; on
+// error it removes f and path is left as it was.
 func writeChart(f *os.File, path string, c report.Comparison) error {
 	err := report.WriteChart(f, c)
 	err = errors.Join(err, f.Close())
