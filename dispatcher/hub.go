@@ -707,7 +707,9 @@ func (h *hub) onLabelEvent(wc *workerConn, ev *pb.LabelEvent) {
 		// One event per failed load: it counts toward the label's failure threshold.
 		h.apply(h.sched.LabelLoadFailed(wc.id, ev.GetLabel(), ev.GetError()))
 	case pb.LabelEvent_KIND_EVICTED:
-		h.met.label(ev.GetLabel()).evictions.Inc()
+		if h.sched.Unloaded(wc.id, ev.GetLabel()) {
+			h.met.label(ev.GetLabel()).evictions.Inc()
+		}
 		h.apply(h.sched.LabelGone(wc.id, ev.GetLabel()))
 	}
 }

@@ -1,6 +1,7 @@
 package dispatcher
 
 import (
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -357,5 +358,34 @@ func TestWorkerRefusedAtShutdownIsCounted(t *testing.T) {
 	}
 	if n := testutil.ToFloat64(b.d.hub.met.disconnects.WithLabelValues("shutdown")); n != 1 {
 		t.Errorf("worker_disconnects_total{code=shutdown} = %v, want 1", n)
+	}
+}
+
+// An EVICTED event for a label the worker never held (a made-up name, or a load the
+// agent gave up before making it) is no eviction: it had minted a per-label series for
+// good, and 500 of them pushed every real label's metrics into "other".
+func TestEvictedLabelNeverHeldIsNotCounted(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	w := b.dial("w1", "m")
+	ans := b.postAsync(`{"task_id":"ev-1","task_type":"x","label":"m"}`)
+	a := w.assignment()
+	for i := range 3 {
+		w.write(&pb.Envelope{Body: &pb.Envelope_LabelEvent{LabelEvent: &pb.LabelEvent{
+			Kind: pb.LabelEvent_KIND_EVICTED, Label: fmt.Sprintf("never-held-%d", i)}}})
+	}
+	w.finish(a, true, `"ok"`) // frames are handled in order: the events are in once it is answered
+	if got := await(t, ans); got.status != 200 {
+		t.Fatalf("answer %v", got)
+	}
+	b.d.hub.mu.Lock()
+	defer b.d.hub.mu.Unlock()
+	for name := range b.d.hub.met.byLabel {
+		if strings.HasPrefix(name, "never-held") {
+			t.Errorf("metric series made for %q, a label the worker never held", name)
+		}
+	}
+	if n := testutil.ToFloat64(b.d.hub.met.evictions.WithLabelValues("m")); n != 0 {
+		t.Errorf("evictions{m} = %v", n)
 	}
 }

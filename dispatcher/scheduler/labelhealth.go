@@ -18,12 +18,18 @@ type labelFailures struct {
 // event): the worker does not hold the label, and the failure counts toward
 // LabelFailureThreshold. One failed load counts once, however many attempts waited
 // for it; and it counts even when the attempt that started it ended first (its
-// deadline passed during a slow load). A failure that marks the label failing fails
-// every task queued for it with FailLabelFailing; the attempts that waited for the
-// load come back through LoadFailed.
+// deadline passed during a slow load). It counts only for a load the worker was sent a
+// task to make, or of a label it holds (a model its backend lost and reloads): one
+// agent's stray events must not fail a label that the rest of the fleet serves. A
+// failure that marks the label failing fails every task queued for it with
+// FailLabelFailing; the attempts that waited for the load come back through LoadFailed.
 func (s *Scheduler) LabelLoadFailed(workerID, label, loadError string) *Outcome {
 	out := s.reset()
-	if _, ok := s.workers[workerID]; !ok {
+	w, ok := s.workers[workerID]
+	if !ok {
+		return out
+	}
+	if _, asked := w.loadsAsked[label]; !asked && w.find(label) < 0 {
 		return out
 	}
 	if s.recordLoadFailure(label, loadError) {

@@ -376,3 +376,69 @@ func TestExcludedQueuedDoesNotGrowUnderFleetChurn(t *testing.T) {
 		t.Fatalf("excludedQueued holds %d entries (%d of them queued) after 200 tasks that all completed", n, live)
 	}
 }
+
+// A LOAD_FAILED from a worker that was never asked to load the label, and does not
+// hold it, is not the label's failure: one buggy or hostile agent's events had marked a
+// label failing for the whole fleet while another worker served it. The worker asked
+// to load it still counts, even once the attempt that asked has ended; and a second
+// event for that one load does not count again.
+func TestLoadFailureCountsOnlyForALoadTheWorkerWasAsked(t *testing.T) {
+	b := setup(t, Config{LabelFailureThreshold: 2, LabelFailureCooldown: time.Hour})
+	b.worker("good", 1, 1, "m")
+	b.worker("bad", 1, 1)
+	for range 5 {
+		b.s.LabelLoadFailed("bad", "m", "no such model")
+	}
+	if _, _, failing := b.s.LabelFailing("m"); failing {
+		t.Fatal("worker bad, never asked to load m, marked it failing")
+	}
+	b.worker("w3", 1, 1)
+	held, loads := b.task("m"), b.task("x")
+	b.submit(held) // on good, its holder
+	b.submit(loads)
+	if loads.WorkerID() == "" {
+		t.Fatal("x was not placed")
+	}
+	w := loads.WorkerID()
+	if _, err := b.s.Complete(w, loads, Observation{Loaded: true, Failed: true}); err != nil {
+		t.Fatal(err)
+	}
+	b.s.LabelLoadFailed(w, "x", "out of memory") // the attempt ended first: still counted
+	b.s.LabelLoadFailed(w, "x", "out of memory") // the same load told twice: not again
+	if _, _, failing := b.s.LabelFailing("x"); failing {
+		t.Fatal("one failed load counted twice")
+	}
+	again := b.task("x")
+	b.submit(again)
+	if again.WorkerID() == "" {
+		t.Fatal("x was not placed again")
+	}
+	b.loadFailed(again, "out of memory")
+	if _, _, failing := b.s.LabelFailing("x"); !failing {
+		t.Fatal("two failed loads asked of workers did not reach the threshold of 2")
+	}
+	check(t, b.s)
+}
+
+// An EVICTED event is an unload when the worker was sent a task evicting the label (the
+// copy left the view then), or holds it loaded; not for a load it gave up before making
+// it (the copy still pending), nor for a label it never had.
+func TestUnloadedTellsEvictionsFromStrayEvents(t *testing.T) {
+	b := setup(t, Config{})
+	b.worker("w1", 1, 1, "a")
+	if !b.s.Unloaded("w1", "a") || b.s.Unloaded("w1", "never") || b.s.Unloaded("nobody", "a") {
+		t.Fatal("a held label is unloaded; a label never held or an unknown worker is not")
+	}
+	tk := b.task("b")
+	b.submit(tk) // evicts a for b's load
+	if got := b.s.Unloaded("w1", "b"); got {
+		t.Error("a load not yet made (pending) counted as unloaded")
+	}
+	if !b.s.Unloaded("w1", "a") {
+		t.Error("the eviction the worker was sent is not counted")
+	}
+	if b.s.Unloaded("w1", "a") {
+		t.Error("one eviction counted twice")
+	}
+	check(t, b.s)
+}

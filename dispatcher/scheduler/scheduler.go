@@ -696,6 +696,7 @@ func (s *Scheduler) LabelLoaded(workerID, label string) *Outcome {
 	if !ok {
 		return out
 	}
+	delete(w.loadsAsked, label)
 	if i := w.find(label); i >= 0 {
 		// A load that works ends the label's bad run. Only for a copy in the view: the
 		// agent also confirms labels it kept (see confirmKept), which proves nothing
@@ -741,6 +742,24 @@ func (s *Scheduler) LabelLoading(workerID, label string) {
 	}
 }
 
+// Unloaded reports whether a worker's EVICTED event for label means it unloaded a
+// copy: one it was sent a task to evict, or one it holds loaded. Not a load it gave up
+// before it was made, nor a label it never had: those are no evictions, and counting
+// them would let one agent mint a metric series per made-up label. Call it before
+// LabelGone.
+func (s *Scheduler) Unloaded(workerID, label string) bool {
+	w, ok := s.workers[workerID]
+	if !ok {
+		return false
+	}
+	if _, asked := w.evictsAsked[label]; asked {
+		delete(w.evictsAsked, label)
+		return true
+	}
+	i := w.find(label)
+	return i >= 0 && !w.held[i].pending
+}
+
 // LabelGone records that a worker no longer holds a label (evicted on its own, or a
 // load that failed). Tasks queued for it stay queued for other holders or a load.
 func (s *Scheduler) LabelGone(workerID, label string) *Outcome {
@@ -754,6 +773,7 @@ func (s *Scheduler) labelGone(workerID, label string) {
 	if !ok {
 		return
 	}
+	delete(w.loadsAsked, label) // an agent that gave up a load (EVICTED) sends no LOAD_FAILED
 	i := w.find(label)
 	if i < 0 {
 		return
@@ -1164,8 +1184,16 @@ func (s *Scheduler) assignLoading(w *worker, t *Task) bool {
 		}
 		evict = w.held[v].label
 		s.dropHeld(w, v)
+		if w.evictsAsked == nil {
+			w.evictsAsked = map[string]struct{}{}
+		}
+		w.evictsAsked[evict] = struct{}{}
 	}
 	s.addHeld(w, t.Label, true)
+	if w.loadsAsked == nil {
+		w.loadsAsked = map[string]struct{}{}
+	}
+	w.loadsAsked[t.Label] = struct{}{}
 	s.assign(w, w.held[len(w.held)-1], t)
 	a := &s.out.Assigned[len(s.out.Assigned)-1]
 	a.Load, a.EvictLabel = true, evict

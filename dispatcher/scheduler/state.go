@@ -87,6 +87,13 @@ type worker struct {
 	// running tasks end and it can be evicted for the task. Rule 4 on a worker with more
 	// slots than labels, whose labels' traffic would otherwise keep them in use for ever.
 	reservedFor *Task
+	// loadsAsked are the labels this worker was sent a task to load whose LOADED or
+	// LOAD_FAILED has not come yet: only such a failure, or one of a label the worker
+	// holds, counts toward the label's failing (LabelLoadFailed). Nil until the first.
+	loadsAsked map[string]struct{}
+	// evictsAsked are the labels this worker was sent a task to evict whose EVICTED has
+	// not come yet (the copy left the view when the task was sent; see Unloaded).
+	evictsAsked map[string]struct{}
 }
 
 // takes reports whether w may start t as far as its reservation goes: any task when it
