@@ -454,6 +454,34 @@ func TestUploadModelForwarded(t *testing.T) {
 	}
 }
 
+// What a worker announces is bounded (frame.CheckHello, CheckLabels): a hello whose
+// lists run to tens of thousands of labels had held the routing lock for seconds, and a
+// label no task could name is no label. Each is refused with BAD_FRAME and the reason.
+func TestWorkerAnnouncementsAreBounded(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	long := strings.Repeat("x", frame.MaxLabelBytes+1)
+	w := b.dialRaw("huge")
+	w.write(&pb.Envelope{Body: &pb.Envelope_Hello{Hello: &pb.Hello{ProtocolVersion: frame.ProtocolVersion,
+		WorkerId: "huge", MaxLabels: frame.MaxCapacity + 1, Slots: 1}}})
+	if code, text := w.closeCode(); code != int(pb.CloseCode_CLOSE_CODE_BAD_FRAME) || !strings.Contains(text, "max_labels") {
+		t.Errorf("hello with max_labels over the bound: close %d %q", code, text)
+	}
+	w = b.dial("event")
+	w.write(&pb.Envelope{Body: &pb.Envelope_LabelEvent{LabelEvent: &pb.LabelEvent{Kind: pb.LabelEvent_KIND_LOADED, Label: long}}})
+	if code, text := w.closeCode(); code != int(pb.CloseCode_CLOSE_CODE_BAD_FRAME) || !strings.Contains(text, "label") {
+		t.Errorf("label event with a %d-byte label: close %d %q", len(long), code, text)
+	}
+	w = b.dial("inventory")
+	w.write(&pb.Envelope{Body: &pb.Envelope_Inventory{Inventory: &pb.Inventory{LoadableLabels: []string{"a", ""}}}})
+	if code, text := w.closeCode(); code != int(pb.CloseCode_CLOSE_CODE_BAD_FRAME) || !strings.Contains(text, "loadable_labels[1]") {
+		t.Errorf("inventory with an empty label: close %d %q", code, text)
+	}
+	if _, labels := b.get("/labels"); len(labels) != 0 {
+		t.Errorf("/labels %v after refused announcements, want none", labels)
+	}
+}
+
 func TestWorkerListenRefusals(t *testing.T) {
 	t.Parallel()
 	b := setup(t, Config{})

@@ -387,10 +387,16 @@ func (d *Dispatcher) readLoop(wc *workerConn) *Disconnect {
 		case *pb.Envelope_Result:
 			d.hub.onResult(wc, body.Result)
 		case *pb.Envelope_LabelEvent:
+			if err := frame.CheckLabel("label event's label", body.LabelEvent.GetLabel()); err != nil {
+				return &Disconnect{Code: pb.CloseCode_CLOSE_CODE_BAD_FRAME, Reason: err.Error()}
+			}
 			d.hub.onLabelEvent(wc, body.LabelEvent)
 		case *pb.Envelope_Status:
 			d.hub.onStatus(wc, body.Status)
 		case *pb.Envelope_Inventory:
+			if err := frame.CheckLabels("inventory loadable_labels", body.Inventory.GetLoadableLabels()); err != nil {
+				return &Disconnect{Code: pb.CloseCode_CLOSE_CODE_BAD_FRAME, Reason: err.Error()}
+			}
 			d.hub.onInventory(wc, body.Inventory)
 		default:
 			return &Disconnect{Code: pb.CloseCode_CLOSE_CODE_BAD_FRAME, Reason: fmt.Sprintf("unexpected %T from a worker", body)}

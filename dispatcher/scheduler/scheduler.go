@@ -345,8 +345,10 @@ func (s *Scheduler) AddWorker(spec WorkerSpec) (*Outcome, error) {
 	if len(labels) > w.capacity {
 		labels = labels[len(labels)-w.capacity:]
 	}
+	seen := make(map[string]struct{}, len(labels)) // w.find per label would be quadratic
 	for _, l := range labels {
-		if w.find(l) < 0 {
+		if _, dup := seen[l]; !dup {
+			seen[l] = struct{}{}
 			s.addHeld(w, l, false)
 		}
 	}

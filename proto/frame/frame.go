@@ -170,6 +170,44 @@ func CheckWorkerIDField(field, id string) error {
 	return nil
 }
 
+// Bounds of what a worker announces. The dispatcher handles a hello's and an
+// Inventory's lists under its routing lock, so they are bounded well below what a
+// frame could carry: one hello must not hold every task's routing for seconds.
+const (
+	// MaxCapacity bounds a hello's max_labels and slots (the agent's own limit).
+	MaxCapacity = 1 << 16
+	// MaxListedLabels bounds each label list of a hello or an Inventory.
+	MaxListedLabels = 1 << 16
+	// MaxLabelBytes is the longest label a task may name, and so the longest a worker
+	// may list or report.
+	MaxLabelBytes = 256
+	// MaxAgentBytes bounds the hello's free-text agent description, kept per worker.
+	MaxAgentBytes = 1024
+)
+
+// CheckLabel checks one label a worker names (in a label event): 1 to MaxLabelBytes
+// bytes. field names it in the error.
+func CheckLabel(field, label string) error {
+	if label == "" || len(label) > MaxLabelBytes {
+		return fmt.Errorf("%s %.64q is %d bytes long; a label is 1 to %d", field, label, len(label), MaxLabelBytes)
+	}
+	return nil
+}
+
+// CheckLabels checks a list of labels a worker announces (held, loadable): at most
+// MaxListedLabels, each one a label CheckLabel takes.
+func CheckLabels(field string, labels []string) error {
+	if len(labels) > MaxListedLabels {
+		return fmt.Errorf("%s lists %d labels, the limit is %d", field, len(labels), MaxListedLabels)
+	}
+	for i, l := range labels {
+		if err := CheckLabel(fmt.Sprintf("%s[%d]", field, i), l); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // CheckHello validates the first frame of a connection against the Worker-Id header.
 func CheckHello(env *pb.Envelope, headerWorkerID string) (*pb.Hello, error) {
 	h := env.GetHello()
@@ -182,11 +220,20 @@ func CheckHello(env *pb.Envelope, headerWorkerID string) (*pb.Hello, error) {
 	if h.GetWorkerId() != headerWorkerID {
 		return nil, fmt.Errorf("hello worker_id %q does not match Worker-Id header %q", h.GetWorkerId(), headerWorkerID)
 	}
-	if h.GetMaxLabels() == 0 {
-		return nil, errors.New("hello max_labels must be at least 1")
+	if h.GetMaxLabels() == 0 || h.GetMaxLabels() > MaxCapacity {
+		return nil, fmt.Errorf("hello max_labels must be 1 to %d, got %d", MaxCapacity, h.GetMaxLabels())
 	}
-	if h.GetSlots() == 0 {
-		return nil, errors.New("hello slots must be at least 1")
+	if h.GetSlots() == 0 || h.GetSlots() > MaxCapacity {
+		return nil, fmt.Errorf("hello slots must be 1 to %d, got %d", MaxCapacity, h.GetSlots())
+	}
+	if err := CheckLabels("hello held_labels", h.GetHeldLabels()); err != nil {
+		return nil, err
+	}
+	if err := CheckLabels("hello loadable_labels", h.GetLoadableLabels()); err != nil {
+		return nil, err
+	}
+	if len(h.GetAgent()) > MaxAgentBytes {
+		return nil, fmt.Errorf("hello agent is %d bytes long, the limit is %d", len(h.GetAgent()), MaxAgentBytes)
 	}
 	return h, nil
 }

@@ -83,6 +83,37 @@ func TestCheckHello(t *testing.T) {
 	if _, err := CheckHello(&pb.Envelope{Body: &pb.Envelope_Drain{Drain: &pb.Drain{}}}, "w1"); err == nil {
 		t.Fatal("non-hello first frame accepted")
 	}
+	// Bounds, so that one hello cannot hold the dispatcher's routing for seconds (its
+	// lists are handled under the hub's lock): capacities as the agent allows them,
+	// lists of labels a task could name, no longer than that many.
+	many := make([]string, MaxListedLabels+1)
+	for i := range many {
+		many[i] = fmt.Sprintf("l%d", i)
+	}
+	for name, c := range map[string]struct {
+		edit func(*pb.Hello)
+		want string
+	}{
+		"max_labels":      {func(h *pb.Hello) { h.MaxLabels = MaxCapacity + 1 }, "max_labels"},
+		"slots":           {func(h *pb.Hello) { h.Slots = MaxCapacity + 1 }, "slots"},
+		"held count":      {func(h *pb.Hello) { h.HeldLabels = many }, "held_labels"},
+		"loadable count":  {func(h *pb.Hello) { h.LoadableLabels = many }, "loadable_labels"},
+		"empty label":     {func(h *pb.Hello) { h.HeldLabels = []string{"a", ""} }, "held_labels"},
+		"long label":      {func(h *pb.Hello) { h.LoadableLabels = []string{strings.Repeat("x", MaxLabelBytes+1)} }, "loadable_labels"},
+		"agent too long":  {func(h *pb.Hello) { h.Agent = strings.Repeat("v", MaxAgentBytes+1) }, "agent"},
+	} {
+		h := good()
+		c.edit(h)
+		if _, err := CheckHello(wrap(h), "w1"); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want an error naming %s", name, err, c.want)
+		}
+	}
+	edge := good()
+	edge.MaxLabels, edge.Slots = MaxCapacity, MaxCapacity
+	edge.HeldLabels, edge.LoadableLabels = many[:MaxListedLabels], []string{strings.Repeat("x", MaxLabelBytes)}
+	if _, err := CheckHello(wrap(edge), "w1"); err != nil {
+		t.Errorf("a hello at every bound refused: %v", err)
+	}
 }
 
 // FuzzDecode: no input may panic, and whatever decodes must encode and decode again

@@ -46,7 +46,7 @@ const MinMaxFrameSize = frame.MinMaxSize
 
 // MaxCapacity bounds Slots and MaxLabels: the hello carries them as uint32, and a
 // worker with more is a typo, not a machine.
-const MaxCapacity = 1 << 16
+const MaxCapacity = frame.MaxCapacity
 
 // ErrConfig is wrapped by Run's error for a config it refuses (cmd/worker-agent exits
 // 2 on it, as on a bad flag).
@@ -246,6 +246,8 @@ func (c Config) validate() error {
 	for i, l := range c.Labels {
 		if l == "" || strings.TrimSpace(l) != l {
 			errs = append(errs, fmt.Errorf("Labels[%d] %q must be a non-empty label without surrounding spaces", i, l))
+		} else if err := frame.CheckLabel(fmt.Sprintf("Labels[%d]", i), l); err != nil {
+			errs = append(errs, err) // the dispatcher would refuse the hello
 		}
 	}
 	if c.Backend == nil && c.BackendName != sim.Name && c.BackendName != triton.Name {
