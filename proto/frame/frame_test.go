@@ -94,13 +94,13 @@ func TestCheckHello(t *testing.T) {
 		edit func(*pb.Hello)
 		want string
 	}{
-		"max_labels":      {func(h *pb.Hello) { h.MaxLabels = MaxCapacity + 1 }, "max_labels"},
-		"slots":           {func(h *pb.Hello) { h.Slots = MaxCapacity + 1 }, "slots"},
-		"held count":      {func(h *pb.Hello) { h.HeldLabels = many }, "held_labels"},
-		"loadable count":  {func(h *pb.Hello) { h.LoadableLabels = many }, "loadable_labels"},
-		"empty label":     {func(h *pb.Hello) { h.HeldLabels = []string{"a", ""} }, "held_labels"},
-		"long label":      {func(h *pb.Hello) { h.LoadableLabels = []string{strings.Repeat("x", MaxLabelBytes+1)} }, "loadable_labels"},
-		"agent too long":  {func(h *pb.Hello) { h.Agent = strings.Repeat("v", MaxAgentBytes+1) }, "agent"},
+		"max_labels":     {func(h *pb.Hello) { h.MaxLabels = MaxCapacity + 1 }, "max_labels"},
+		"slots":          {func(h *pb.Hello) { h.Slots = MaxCapacity + 1 }, "slots"},
+		"held count":     {func(h *pb.Hello) { h.HeldLabels = many }, "held_labels"},
+		"loadable count": {func(h *pb.Hello) { h.LoadableLabels = many }, "loadable_labels"},
+		"empty label":    {func(h *pb.Hello) { h.HeldLabels = []string{"a", ""} }, "held_labels"},
+		"long label":     {func(h *pb.Hello) { h.LoadableLabels = []string{strings.Repeat("x", MaxLabelBytes+1)} }, "loadable_labels"},
+		"agent too long": {func(h *pb.Hello) { h.Agent = strings.Repeat("v", MaxAgentBytes+1) }, "agent"},
 	} {
 		h := good()
 		c.edit(h)
