@@ -658,15 +658,15 @@ func (h *hub) onResult(wc *workerConn, res *pb.TaskResult) {
 		h.log.Debug().Str("worker_id", wc.id).Str("task_id", res.GetTaskId()).Str("label", rec.sched.Label).Str("reason", res.GetError()).Msg("label load failed; task runs elsewhere")
 		// A failed load is still a load the task paid for: in its answer, if this was
 		// its last attempt, and in the load metrics.
-		loadTime := time.Duration(res.GetLoadDurationUs()) * time.Microsecond
+		loadTime := reportedDuration(res.GetLoadDurationUs())
 		rec.labelMiss = rec.labelMiss || res.GetLabelMiss()
 		rec.loadTime += loadTime
 		h.met.result(rec, res, loadTime)
 		h.apply(out)
 		return
 	}
-	loadTime := time.Duration(res.GetLoadDurationUs()) * time.Microsecond
-	runTime := time.Duration(res.GetRunDurationUs()) * time.Microsecond
+	loadTime := reportedDuration(res.GetLoadDurationUs())
+	runTime := reportedDuration(res.GetRunDurationUs())
 	start := h.met.scheduleStart()
 	out, err := h.sched.Complete(wc.id, &rec.sched, scheduler.Observation{Loaded: res.GetLabelMiss(), LoadTime: loadTime, RunTime: runTime, Failed: !res.GetOk()})
 	h.met.scheduled(start)
@@ -690,6 +690,17 @@ func (h *hub) onResult(wc *workerConn, res *pb.TaskResult) {
 		h.finish(rec, statusFailed, http.StatusBadGateway, "worker error: "+res.GetError())
 	}
 	h.apply(out)
+}
+
+// maxReportedDuration bounds a load or run time a worker reports: a task's deadline
+// is at most 24 h (timeout_ms), and a larger figure is a broken or lying worker's.
+const maxReportedDuration = 24 * time.Hour
+
+// reportedDuration is a worker's duration in microseconds, kept within 0 and
+// maxReportedDuration: past about 292 years the multiplication wrapped, and the
+// learned load and run times and the answer's load_ms took whatever came out.
+func reportedDuration(us int64) time.Duration {
+	return time.Duration(min(max(us, 0), maxReportedDuration.Microseconds())) * time.Microsecond
 }
 
 func (h *hub) onLabelEvent(wc *workerConn, ev *pb.LabelEvent) {

@@ -2,6 +2,7 @@ package dispatcher
 
 import (
 	"fmt"
+	"math"
 	"net/http"
 	"strings"
 	"testing"
@@ -387,5 +388,22 @@ func TestEvictedLabelNeverHeldIsNotCounted(t *testing.T) {
 	}
 	if n := testutil.ToFloat64(b.d.hub.met.evictions.WithLabelValues("m")); n != 0 {
 		t.Errorf("evictions{m} = %v", n)
+	}
+}
+
+// A load or run time a worker reports is kept within 0 and 24 h: a huge one wrapped
+// when made a time.Duration, into the task's load_ms and the learned estimates.
+func TestReportedDurationsAreBounded(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	w := b.dial("w1")
+	ans := b.postAsync(`{"task_id":"rd-1","task_type":"x","label":"m"}`)
+	w.result(w.assignment(), true, true, math.MaxInt64/1000*999) // wraps negative as µs × 1000
+	got := await(t, ans)
+	if got.status != 200 || got.body["load_ms"] != float64(24*time.Hour/time.Millisecond) {
+		t.Fatalf("answer %v with load_ms %v, want 200 with 24 h", got.status, got.body["load_ms"])
+	}
+	if n, sum := histogram(t, b.d.hub.met.loadDuration); n != 1 || sum != (24*time.Hour).Seconds() {
+		t.Errorf("load_duration_seconds: %d samples of sum %v, want one of 86400", n, sum)
 	}
 }
