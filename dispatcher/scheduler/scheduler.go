@@ -17,6 +17,7 @@ import (
 	"container/heap"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"time"
@@ -423,8 +424,12 @@ func (s *Scheduler) SetLoadable(id string, loadable []string) (*Outcome, error) 
 	if !ok {
 		return out, fmt.Errorf("%w: %s", ErrUnknownWorker, id)
 	}
+	next := loadableSet(loadable)
+	if maps.Equal(next, w.loadable) { // loadableSet gives nil, never an empty set, for "any"
+		return out, nil // the same list again: nothing changed, so no new settling wait
+	}
 	s.countLoadable(w, -1)
-	w.loadable = loadableSet(loadable)
+	w.loadable = next
 	s.countLoadable(w, 1)
 	// As when a worker comes or goes: another agent may be about to report the label
 	// (a model being replaced), so tasks for one no worker lists wait out FleetSettle.

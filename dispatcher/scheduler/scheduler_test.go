@@ -598,6 +598,14 @@ func TestNoWorkerCanLoadFailsAtOnce(t *testing.T) {
 	if out, _ := b.s.Submit(b.task("z-typo")); len(out.Failed) != 1 || out.Failed[0].Reason != FailNoWorkerCanLoad {
 		t.Fatalf("after the any-label worker left: %+v", out)
 	}
+	// An Inventory that repeats the list changes nothing: it must not start the wait
+	// again, or a worker resending it would keep every misspelt label waiting.
+	if _, err := b.s.SetLoadable("w1", []string{"Y", "X"}); err != nil {
+		t.Fatal(err)
+	}
+	if out, _ := b.s.Submit(b.task("z-typo")); len(out.Failed) != 1 || out.Failed[0].Reason != FailNoWorkerCanLoad {
+		t.Fatalf("after an unchanged Inventory: %+v", out)
+	}
 	check(t, b.s)
 }
 
