@@ -41,16 +41,11 @@ type jsonWorkerStats struct {
 }
 
 type jsonWorker struct {
-	LabelMisses    int `json:"label_misses"`
-	TasksCompleted int `json:"tasks_completed"`
-	TasksFailed    int `json:"tasks_failed"`
-	// TasksRerun counts the runs beyond each task's last (workerlog.Summary.TasksRerun).
-	TasksRerun int `json:"tasks_rerun"`
-	// LogRecordsDropped and LogBatchesMissing are the log collector's notes of lost
-	// records: the counts above are short by those records.
-	LogRecordsDropped int     `json:"log_records_dropped"`
-	LogBatchesMissing int     `json:"log_batches_missing"`
-	AvgTaskRuntime    float64 `json:"avg_task_runtime_s"`
+	// The fleet's totals, as each worker's: TasksRerun counts the runs beyond each
+	// task's last (workerlog.Summary.TasksRerun); the counts are short by the records
+	// LogRecordsDropped and LogBatchesMissing say the collector lost.
+	jsonWorkerStats
+	AvgTaskRuntime float64 `json:"avg_task_runtime_s"`
 	// AvgTaskRuntimeUnscaled is AvgTaskRuntime divided by the time scale.
 	AvgTaskRuntimeUnscaled float64                    `json:"avg_task_runtime_unscaled_s"`
 	AvgLoadTime            float64                    `json:"avg_load_time_s"`
@@ -135,8 +130,7 @@ func toJSON(r Result) jsonResult {
 			Backend: cmp.Or(st.Backend, "sim"), SimLoadTimeS: s(st.SimLoadTime), SimRunTimeS: simRun,
 		},
 		Worker: jsonWorker{
-			LabelMisses: ws.LabelMisses, TasksCompleted: ws.TasksCompleted, TasksFailed: ws.TasksFailed, TasksRerun: ws.TasksRerun,
-			LogRecordsDropped: ws.LogRecordsDropped, LogBatchesMissing: ws.LogBatchesMissing,
+			jsonWorkerStats:        jsonWorkerStats{ws.LabelMisses, ws.TasksCompleted, ws.TasksFailed, ws.TasksRerun, ws.LogRecordsDropped, ws.LogBatchesMissing},
 			AvgTaskRuntime:         s(ws.AvgTaskRuntime),
 			AvgTaskRuntimeUnscaled: s(st.unscaledRuntime(ws)),
 			AvgLoadTime:            s(ws.AvgLoadTime), AvgRunTime: s(ws.AvgRunTime),
