@@ -3,8 +3,8 @@ package sim
 import (
 	"bufio"
 	"container/heap"
-	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"sort"
@@ -390,31 +390,52 @@ func (e *engine) finish(ev event) {
 	}
 }
 
+// maxTraceTime bounds a trace's arrival times. A year is longer than any trace is
+// meant to replay, and leaves the virtual clock (a time.Duration, about 292 years)
+// room for the loads, runs and ticks that follow the last arrival. Unchecked, a time
+// past 2^63 ns (or inf, or NaN) converted to a Duration arrives at whatever the
+// platform makes of it: MinInt64, 292 years before the start, on amd64.
+const maxTraceTime = 365 * 24 * time.Hour
+
 func readTrace(path string) ([]traceLine, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("trace: %w", err)
 	}
 	defer f.Close()
+	return parseTrace(f, path)
+}
+
+// parseTrace reads "seconds,label" lines (blank lines and # comments skipped), and
+// returns them ordered by time, lines of equal time in file order: the order the
+// engine pushes arrivals in. name is the file's, for errors.
+func parseTrace(r io.Reader, name string) ([]traceLine, error) {
 	var out []traceLine
-	sc := bufio.NewScanner(f)
-	for n := 1; sc.Scan(); n++ {
+	sc := bufio.NewScanner(r)
+	n := 0
+	for sc.Scan() {
+		n++
 		line := strings.TrimSpace(sc.Text())
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
 		ts, label, ok := strings.Cut(line, ",")
-		secs, err := strconv.ParseFloat(strings.TrimSpace(ts), 64)
-		if !ok || err != nil || secs < 0 || strings.TrimSpace(label) == "" {
-			return nil, fmt.Errorf("trace %s line %d: want \"seconds,label\", got %q", path, n, line)
+		label = strings.TrimSpace(label)
+		if !ok || label == "" {
+			return nil, fmt.Errorf("trace %s line %d: want \"seconds,label\", got %q", name, n, line)
 		}
-		out = append(out, traceLine{at: time.Duration(secs * float64(time.Second)), label: strings.TrimSpace(label)})
+		secs, err := strconv.ParseFloat(strings.TrimSpace(ts), 64)
+		// Written so that NaN fails it too.
+		if err != nil || !(secs >= 0 && secs <= maxTraceTime.Seconds()) {
+			return nil, fmt.Errorf("trace %s line %d: time %q is not a number of seconds from 0 to %d (a year)", name, n, strings.TrimSpace(ts), int64(maxTraceTime.Seconds()))
+		}
+		out = append(out, traceLine{at: time.Duration(secs * float64(time.Second)), label: label})
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("trace: %w", err)
+		return nil, fmt.Errorf("trace %s line %d: %w", name, n+1, err)
 	}
 	if len(out) == 0 {
-		return nil, errors.New("trace: no tasks")
+		return nil, fmt.Errorf("trace %s: no tasks", name)
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].at < out[j].at })
 	return out, nil

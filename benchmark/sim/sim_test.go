@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -142,6 +143,44 @@ func TestTraceArrivals(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "trace.csv"), []byte("zero,a\n"), 0o600)
 	if _, err := Run(sc, "ours", 1, Options{}); err == nil || !strings.Contains(err.Error(), "line 1") {
 		t.Fatalf("bad trace: %v", err)
+	}
+}
+
+// A trace's time is refused, naming its line, unless it is a number of seconds from 0
+// to a year: a float beyond what a Duration holds (or inf, or NaN) used to arrive at
+// MinInt64, 292 years before the start, through the secs < 0 check.
+func TestTraceTimesOutOfRangeAreRefused(t *testing.T) {
+	t.Parallel()
+	sc, dir := traceScenario(t, 1, "0,a\n")
+	for _, bad := range []string{"inf", "+Inf", "-inf", "NaN", "1e300", "9223372037", "-1", "31536000.001", "-0.5"} {
+		if err := os.WriteFile(filepath.Join(dir, "trace.csv"), []byte("# t,label\n0,a\n"+bad+",a\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, err := Run(sc, "ours", 1, Options{})
+		if err == nil || !strings.Contains(err.Error(), "line 3") || !strings.Contains(err.Error(), strconv.Quote(bad)) {
+			t.Errorf("time %s: error %v, want one naming line 3 and the time", bad, err)
+		}
+	}
+	for _, good := range []string{"0", "-0", "31536000", "1e-3", "0x1p4"} {
+		if _, err := parseTrace(strings.NewReader(good+",a\n"), "t"); err != nil {
+			t.Errorf("time %s: %v", good, err)
+		}
+	}
+}
+
+// Arrivals are in time order, lines of equal time in file order.
+func TestTraceOrder(t *testing.T) {
+	t.Parallel()
+	lines, err := parseTrace(strings.NewReader("2,c\n1,a\n\n# x\n1,b\n0.5, d \n"), "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, l := range lines {
+		got = append(got, fmt.Sprintf("%v %s", l.at, l.label))
+	}
+	if want := "[500ms d 1s a 1s b 2s c]"; fmt.Sprint(got) != want {
+		t.Fatalf("trace read as %v, want %s", got, want)
 	}
 }
 
