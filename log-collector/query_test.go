@@ -3,6 +3,7 @@ package logcollector
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/url"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/smartroute/smartroute/proto/frame"
 	pb "github.com/smartroute/smartroute/proto/smartroutev1"
+	"github.com/tidwall/gjson"
 )
 
 func TestLogsQuery(t *testing.T) {
@@ -199,6 +201,42 @@ func TestQueryDurationMeansAgo(t *testing.T) {
 	}
 }
 
+// A "time" beyond what a time can hold, or outside the years 0001 to 9999, is no time:
+// 1e300 or -1e300 used to become year 292277026304 on amd64, passing any since= and
+// sorting after every record.
+func TestRecordTimeOutOfRangeIsNoTime(t *testing.T) {
+	t.Parallel()
+	for _, v := range []string{"1e300", "-1e300", "1e999", "-1e999", "9223372036854775807", "1e19", "-62135596800",
+		"253402300800", `"0000-06-01T00:00:00Z"`, `"0001-01-01T00:00:00Z"`, `"9999-12-31T23:00:00-05:00"`, "true", "null", `"yesterday"`} {
+		if tm, ok := recordTime(gjson.Parse(v)); ok || !tm.IsZero() {
+			t.Errorf("time %s read as %v, %v; want no time", v, tm, ok)
+		}
+	}
+	for v, want := range map[string]time.Time{
+		"1772362800":             time.Date(2026, 3, 1, 11, 0, 0, 0, time.UTC),
+		"-1.5":                   time.Date(1969, 12, 31, 23, 59, 58, 5e8, time.UTC),
+		"-62135596799":           time.Date(1, 1, 1, 0, 0, 1, 0, time.UTC),
+		"253402300799":           time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC),
+		`"9999-12-31T23:59:59Z"`: time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC),
+		`"2026-03-01T12:00:00Z"`: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC),
+		`"0001-01-01T00:00:01Z"`: time.Date(1, 1, 1, 0, 0, 1, 0, time.UTC),
+		"1772362800.25":          time.Date(2026, 3, 1, 11, 0, 0, 25e7, time.UTC),
+	} {
+		if tm, ok := recordTime(gjson.Parse(v)); !ok || !tm.Equal(want) {
+			t.Errorf("time %s read as %v, %v; want %v", v, tm, ok, want)
+		}
+	}
+	q, err := parseLogQuery("since=2026-03-01T00:00:00Z", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rec := range []string{`{"time":1e300}`, `{"time":-1e300}`} {
+		if _, ok := q.match([]byte(rec)); ok {
+			t.Errorf("%s matched since 2026-03-01", rec)
+		}
+	}
+}
+
 // FuzzParseLogsQuery: no query string crashes the parser, and what it accepts is within
 // its documented bounds.
 func FuzzParseLogsQuery(f *testing.F) {
@@ -354,4 +392,72 @@ func TestLogsQueryMostRecentIsByRecordTime(t *testing.T) {
 	if got := secs("worker=w1&limit=1"); fmt.Sprint(got) != "[11]" {
 		t.Errorf("worker=w1&limit=1: seconds %v, want the most recent record [11]", got)
 	}
+	// A time out of range is no time: the record keeps its place after the one before
+	// it (here the last, 5), not the newest of all as year 292277026304.
+	older.batch(2, 0, `{"level":"info","sec":-1,"time":-1e300}`, rec(12))
+	if got := secs("worker=w1&limit=2"); fmt.Sprint(got) != "[11 12]" {
+		t.Errorf("worker=w1&limit=2: seconds %v, want [11 12]", got)
+	}
+	if got := secs("worker=w1"); fmt.Sprint(got) != "[5 -1 10 11 12]" {
+		t.Errorf("worker=w1: seconds %v, want [5 -1 10 11 12]", got)
+	}
+}
+
+// FuzzMatchRecord: a record line is a worker's, not ours to vouch for. Its time is
+// either none (zero) or one within the years 0001 to 9999 that is what the record
+// says, to float precision for Unix seconds; match never panics, and what it passes
+// through since and until has a time within them.
+func FuzzMatchRecord(f *testing.F) {
+	for _, s := range []string{
+		`{"level":"info","event":"x","time":"2026-03-01T11:00:00Z"}`, `{"time":1772362800.5}`, `{"time":1e300}`, `{"time":-1e300}`,
+		`{"time":1e999}`, `{"time":-62135596800}`, `{"time":253402300799.999999}`, `{"time":"0000-01-01T00:00:00Z"}`,
+		`{"time":"9999-12-31T23:59:59.999999999-23:59"}`, `{"time":null}`, `{"time":[1]}`, `{"message":"no time"}`, `[1]`, `{"time":-0}`, `{`,
+	} {
+		f.Add([]byte(s))
+	}
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	var queries []logQuery
+	for _, raw := range []string{"", "since=2026-03-01T10:00:00Z&until=2026-03-01T11:30:00Z", "level=info&event=x", "until=1h"} {
+		q, err := parseLogQuery(raw, now)
+		if err != nil {
+			f.Fatal(err)
+		}
+		queries = append(queries, q)
+	}
+	f.Fuzz(func(t *testing.T, line []byte) {
+		v := gjson.GetBytes(line, "time")
+		rt, ok := recordTime(v)
+		switch {
+		case !ok && !rt.IsZero():
+			t.Fatalf("no time, yet %v", rt)
+		case ok && (!rt.After(minRecordTime) || !rt.Before(maxRecordTime)):
+			t.Fatalf("time %v out of range", rt)
+		case ok && v.Type == gjson.String:
+			if p, err := time.Parse(time.RFC3339Nano, v.Str); err != nil || !p.Equal(rt) {
+				t.Fatalf("time %q read as %v", v.Str, rt)
+			}
+		case ok && v.Type == gjson.Number:
+			got := float64(rt.Unix()) + float64(rt.Nanosecond())/1e9
+			if math.Abs(got-v.Num) > 1e-6+math.Abs(v.Num)*1e-15 {
+				t.Fatalf("time %v read as %v (%v)", v.Num, rt, got)
+			}
+		case ok:
+			t.Fatalf("a %v read as time %v", v.Type, rt)
+		}
+		for i, q := range queries {
+			mt, matched := q.match(line)
+			if !matched {
+				continue
+			}
+			if !gjson.ValidBytes(line) {
+				t.Fatalf("query %d matched %q, which is not JSON", i, line)
+			}
+			if !mt.Equal(rt) {
+				t.Fatalf("query %d: match read time %v, recordTime %v", i, mt, rt)
+			}
+			if (!q.since.IsZero() || !q.until.IsZero()) && (!ok || mt.Before(q.since) || !q.until.IsZero() && !mt.Before(q.until)) {
+				t.Fatalf("query %d passed time %v (%v)", i, mt, ok)
+			}
+		}
+	})
 }

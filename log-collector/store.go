@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -741,15 +742,38 @@ func scanLines(r *bufio.Reader, fn func([]byte)) error {
 	}
 }
 
-// recordTime reads a record's "time": RFC 3339 text, or Unix seconds as a number.
+// A record's time is after Go's zero time (0001-01-01T00:00:00Z, which the query's
+// ordering reads as no time) and before the year 10000, which RFC 3339 cannot write.
+var (
+	minRecordTime = time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC)
+	maxRecordTime = time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)
+)
+
+// recordTime reads a record's "time": RFC 3339 text, or Unix seconds as a number. A
+// time outside those bounds (1e300, 1e999, year 0000) counts as no time: a record's
+// worker is not ours to vouch for, and unchecked, a number past int64 became whatever
+// the platform makes of the conversion (year 292277026304 on amd64): the most recent
+// of every record, and one any since= passed.
 func recordTime(r gjson.Result) (time.Time, bool) {
+	var t time.Time
 	switch r.Type {
 	case gjson.String:
-		t, err := time.Parse(time.RFC3339Nano, r.Str)
-		return t, err == nil
+		var err error
+		if t, err = time.Parse(time.RFC3339Nano, r.Str); err != nil {
+			return time.Time{}, false
+		}
 	case gjson.Number:
-		sec := int64(r.Num)
-		return time.Unix(sec, int64((r.Num-float64(sec))*1e9)), true
+		// Bounded before the conversion; written so that NaN fails too.
+		if !(r.Num > float64(minRecordTime.Unix()) && r.Num < float64(maxRecordTime.Unix())) {
+			return time.Time{}, false
+		}
+		sec := math.Floor(r.Num)
+		t = time.Unix(int64(sec), int64((r.Num-sec)*1e9))
+	default:
+		return time.Time{}, false
 	}
-	return time.Time{}, false
+	if !t.After(minRecordTime) || !t.Before(maxRecordTime) {
+		return time.Time{}, false
+	}
+	return t, true
 }
