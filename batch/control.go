@@ -1,6 +1,7 @@
 package batch
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -19,6 +20,46 @@ const maxWorkTimeout = 24 * time.Hour
 // workTimeoutBody is the seed's body: {"timeout": seconds}.
 type workTimeoutBody struct {
 	Timeout *float64 `json:"timeout"`
+}
+
+// maxWorkTimeoutBody bounds the /work-timeout body read.
+const maxWorkTimeoutBody = 4 << 10
+
+// parseWorkTimeout reads a /work-timeout body: one JSON object {"timeout": seconds},
+// nothing after it, more than 0 and at most maxWorkTimeout. The seconds are bounded
+// as a float, before they become a Duration: past int64 that conversion is
+// platform-dependent (MinInt64 on amd64, MaxInt64 on arm64), so the range check
+// after it refused 1e300 only by luck.
+func parseWorkTimeout(r io.Reader) (time.Duration, error) {
+	body, err := io.ReadAll(io.LimitReader(r, maxWorkTimeoutBody+1))
+	if err != nil {
+		return 0, fmt.Errorf("reading the body: %w", err)
+	}
+	if len(body) > maxWorkTimeoutBody {
+		return 0, fmt.Errorf(`body must be {"timeout": seconds}, at most %d bytes`, maxWorkTimeoutBody)
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	var b workTimeoutBody
+	if err := dec.Decode(&b); err != nil {
+		return 0, fmt.Errorf(`body must be {"timeout": seconds}: %w`, err)
+	}
+	if b.Timeout == nil {
+		return 0, errors.New(`body must be {"timeout": seconds}: no timeout`)
+	}
+	// Anything after the object (a second object, a stray character) is refused: the
+	// request is not what it seems, and only part of it would be applied.
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return 0, errors.New(`body must be {"timeout": seconds} and nothing after it`)
+	}
+	secs := *b.Timeout
+	if !(secs > 0 && secs <= maxWorkTimeout.Seconds()) {
+		return 0, fmt.Errorf("timeout must be between 0 and %d seconds, got %v", int(maxWorkTimeout.Seconds()), secs)
+	}
+	d := time.Duration(secs * float64(time.Second))
+	if d <= 0 {
+		return 0, fmt.Errorf("timeout must be between 0 and %d seconds, got %v, which is below a nanosecond", int(maxWorkTimeout.Seconds()), secs)
+	}
+	return d, nil
 }
 
 // Status is GET /status.
@@ -54,13 +95,9 @@ func (j *job) startControl() (stop func(), err error) {
 	setTimeout := func(c echo.Context) error {
 		// Decoded as JSON whatever the Content-Type: curl -d, as README shows and the
 		// seed's operators type, labels it a form, which Echo's Bind reads as one.
-		var b workTimeoutBody
-		if err := json.NewDecoder(io.LimitReader(c.Request().Body, 4<<10)).Decode(&b); err != nil || b.Timeout == nil {
-			return c.JSON(http.StatusBadRequest, map[string]string{"error": `body must be {"timeout": seconds}`})
-		}
-		d := time.Duration(*b.Timeout * float64(time.Second))
-		if d <= 0 || d > maxWorkTimeout {
-			return c.JSON(http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("timeout must be between 0 and %d seconds, got %v", int(maxWorkTimeout.Seconds()), *b.Timeout)})
+		d, err := parseWorkTimeout(c.Request().Body)
+		if err != nil {
+			return c.JSON(http.StatusBadRequest, map[string]string{"error": err.Error()})
 		}
 		j.timeout.Store(int64(d))
 		select { // wake the loop: deadlines of items in flight move too
