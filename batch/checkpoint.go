@@ -1,6 +1,7 @@
 package batch
 
 import (
+	"bytes"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
@@ -11,6 +12,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 )
 
 // checkpoint is the durable progress of a job. Everything it counts is on disk: the
@@ -125,13 +127,85 @@ func loadCheckpoint(path string) (cp checkpoint, ok bool, err error) {
 	if err != nil {
 		return checkpoint{}, false, fmt.Errorf("reading checkpoint: %w", err)
 	}
-	if err := json.Unmarshal(b, &cp); err != nil {
-		return checkpoint{}, false, fmt.Errorf("checkpoint %s is corrupt: %w", path, err)
-	}
-	if cp.JobID == "" || cp.InputOffset < 0 || cp.Lines < 0 || cp.OutputSize < 0 || cp.RejectedSize < 0 {
-		return checkpoint{}, false, fmt.Errorf("checkpoint %s is corrupt: %s", path, b)
+	if cp, err = decodeCheckpoint(b); err != nil {
+		return checkpoint{}, false, fmt.Errorf("checkpoint %s is corrupt: %w; to start over, remove it and the job's output and rejected files", path, err)
 	}
 	return cp, true, nil
+}
+
+// maxJobIDBytes bounds a checkpoint's job id: task ids are "<job id>-<line>-r<n>", and
+// the dispatcher takes ids of at most 256 bytes. A fresh job's is 18.
+const maxJobIDBytes = 64
+
+// decodeCheckpoint reads a checkpoint as save writes it, and refuses one whose fields
+// could not have been written together: resuming from it would cut the files back to
+// sizes, or send lines under task ids, that are not the job's. Unknown fields are
+// refused too: a checkpoint this version cannot read whole is not resumed in part.
+func decodeCheckpoint(b []byte) (checkpoint, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	var cp checkpoint
+	if err := dec.Decode(&cp); err != nil {
+		return checkpoint{}, err
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return checkpoint{}, errors.New("more after the checkpoint's object")
+	}
+	if err := cp.check(); err != nil {
+		return checkpoint{}, err
+	}
+	return cp, nil
+}
+
+// check says which field of cp is not one a job writes.
+func (cp checkpoint) check() error {
+	if cp.JobID == "" || len(cp.JobID) > maxJobIDBytes {
+		return fmt.Errorf("job_id %.80q is not 1 to %d bytes", cp.JobID, maxJobIDBytes)
+	}
+	for i := 0; i < len(cp.JobID); i++ {
+		if c := cp.JobID[i]; c <= ' ' || c > '~' { // the dispatcher's rule for task ids
+			return fmt.Errorf("job_id %q holds byte 0x%02x: task ids are printable ASCII without spaces", cp.JobID, c)
+		}
+	}
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{{"input_offset", cp.InputOffset}, {"lines", cp.Lines}, {"output_size", cp.OutputSize}, {"rejected_size", cp.RejectedSize}} {
+		if f.v < 0 {
+			return fmt.Errorf("%s %d is negative", f.name, f.v)
+		}
+	}
+	// Every line is at least one byte of the input (its newline, or the last line's
+	// text) and of the output (its newline); no line written, no byte of any file.
+	switch {
+	case cp.Lines > cp.InputOffset:
+		return fmt.Errorf("lines %d is more than input_offset %d bytes could hold", cp.Lines, cp.InputOffset)
+	case cp.Lines > cp.OutputSize:
+		return fmt.Errorf("lines %d is more than output_size %d bytes could hold", cp.Lines, cp.OutputSize)
+	case cp.Lines == 0 && (cp.InputOffset != 0 || cp.OutputSize != 0 || cp.RejectedSize != 0):
+		return fmt.Errorf("no lines, yet input_offset %d, output_size %d and rejected_size %d", cp.InputOffset, cp.OutputSize, cp.RejectedSize)
+	}
+	if cp.InputHeadBytes < 0 || cp.InputHeadBytes > inputHeadBytes {
+		return fmt.Errorf("input_head_bytes %d is not 0 to %d", cp.InputHeadBytes, inputHeadBytes)
+	}
+	if cp.InputHead == "" && cp.InputHeadBytes != 0 {
+		return fmt.Errorf("input_head_bytes %d without an input_head", cp.InputHeadBytes)
+	}
+	if cp.InputHead != "" {
+		if h, err := hex.DecodeString(cp.InputHead); err != nil || len(h) != sha256.Size || hex.EncodeToString(h) != cp.InputHead {
+			return fmt.Errorf("input_head %.80q is not a sha256 in lowercase hex", cp.InputHead)
+		}
+	}
+	// All three absent in older checkpoints, all written together since.
+	if (cp.Output == "") != (cp.Rejected == "") || (cp.Output == "") != (cp.Shape == nil) {
+		return fmt.Errorf("output %.200q, rejected %.200q and task_shape: one without the others", cp.Output, cp.Rejected)
+	}
+	for _, f := range []struct{ name, path string }{{"output", cp.Output}, {"rejected", cp.Rejected}} { // as filepath.Abs wrote them
+		if f.path != "" && (!filepath.IsAbs(f.path) || strings.IndexByte(f.path, 0) >= 0) {
+			return fmt.Errorf("%s %.200q is not an absolute path", f.name, f.path)
+		}
+	}
+	return nil
 }
 
 // save replaces path with cp atomically: a temporary file, fsynced, renamed over it,
