@@ -1,7 +1,9 @@
 package batch
 
 import (
+	"context"
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -59,6 +61,74 @@ func TestDecodeCheckpointRefusesCorrupt(t *testing.T) {
 		if _, err := decodeCheckpoint([]byte(b)); err != nil {
 			t.Errorf("%s: %v", b, err)
 		}
+	}
+}
+
+// A checkpoint whose numbers pass decodeCheckpoint but are not the files' (damaged,
+// or edited) is refused before anything is cut back: resumed, it cut the output
+// mid-line, or numbered lines (and named their tasks) after other lines.
+func TestResumeRefusesACheckpointThatIsNotTheFiles(t *testing.T) {
+	t.Parallel()
+	f := newFakeDispatcher(t, nil)
+	lines := taskLines(5)
+	lines[2] = "not json"
+	cfg := setup(t, f, lines)
+	run(t, cfg)
+	cpPath := cfg.Output + ".checkpoint"
+	rejPath := cfg.Output + ".rejected.jsonl"
+	good, err := os.ReadFile(cpPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cp checkpoint
+	if err := json.Unmarshal(good, &cp); err != nil || cp.Lines != 5 || cp.RejectedSize == 0 {
+		t.Fatalf("checkpoint %s: %v", good, err)
+	}
+	files := map[string]string{}
+	for _, p := range []string{cfg.Input, cfg.Output, rejPath} {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[p] = string(b)
+	}
+	for _, c := range []struct {
+		name   string
+		change func(*checkpoint)
+		err    string
+	}{
+		{"output mid-line", func(c *checkpoint) { c.OutputSize -= 3 }, "out.jsonl: the checkpoint says a line ends at byte"},
+		{"rejected mid-line", func(c *checkpoint) { c.RejectedSize-- }, "rejected.jsonl: the checkpoint says a line ends at byte"},
+		{"input mid-line", func(c *checkpoint) { c.InputOffset -= 2 }, "in.jsonl: the checkpoint says a line ends at byte"},
+		{"a line short", func(c *checkpoint) { c.Lines-- }, "the checkpoint counts 4 lines, but the last it counts is line 5"},
+		{"a line more", func(c *checkpoint) { c.Lines++ }, "the checkpoint counts 6 lines, but the last it counts is line 5"},
+		{"job id", func(c *checkpoint) { c.JobID = "batch\n" }, "corrupt: job_id"},
+	} {
+		bad := cp
+		c.change(&bad)
+		b, err := json.Marshal(bad)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(cpPath, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, err = Run(context.Background(), cfg)
+		if err == nil || !strings.Contains(err.Error(), c.err) {
+			t.Errorf("%s: %v; want an error saying %q", c.name, err, c.err)
+		}
+		for p, want := range files {
+			if got, _ := os.ReadFile(p); string(got) != want {
+				t.Fatalf("%s: %s changed:\n%s", c.name, filepath.Base(p), got)
+			}
+		}
+	}
+	if err := os.WriteFile(cpPath, good, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run(t, cfg) // the job's own checkpoint still resumes
+	if got, _ := os.ReadFile(cfg.Output); string(got) != files[cfg.Output] {
+		t.Fatalf("the output changed:\n%s", got)
 	}
 }
 

@@ -296,10 +296,22 @@ func (j *job) open() error {
 		return fmt.Errorf("input: %w", err)
 	}
 	j.lr = newLineReader(j.in, cp.InputOffset, j.cfg.MaxLineBytes)
-	if j.out, err = openAt(j.cfg.Output, cp.OutputSize, j.cfg.syncDir); err != nil {
+	if j.out, err = openLocked(j.cfg.Output, cp.OutputSize); err != nil {
 		return err
 	}
-	if j.rej, err = openAt(j.cfg.Rejected, cp.RejectedSize, j.cfg.syncDir); err != nil {
+	if j.rej, err = openLocked(j.cfg.Rejected, cp.RejectedSize); err != nil {
+		return err
+	}
+	if ok {
+		// Nothing is cut back until every file agrees with the checkpoint.
+		if err := j.checkLineEnds(cp, fi.Size()); err != nil {
+			return err
+		}
+	}
+	if err := cutBack(j.out, cp.OutputSize, j.cfg.syncDir); err != nil {
+		return err
+	}
+	if err := cutBack(j.rej, cp.RejectedSize, j.cfg.syncDir); err != nil {
 		return err
 	}
 	j.outW = bufio.NewWriterSize(j.out, 256<<10)
@@ -311,16 +323,11 @@ func (j *job) open() error {
 // errLocked is lockFile's answer when another process holds the lock.
 var errLocked = errors.New("locked")
 
-// openAt opens path for writing, cut back to size: anything beyond was written after
-// the last checkpoint and will be written again. It holds the file's lock until the
-// file is closed, taken before the cut: a second run of a running job (a cron job
-// overlapping the last one) would cut the files under the first one and interleave
-// their lines. The file's directory is fsynced before anything is written: the
-// checkpoint will count the file's bytes, and a power cut must not then lose the file's
-// name (the checkpoint's own directory fsync covers its directory, which --output and
-// --rejected need not share). Every start syncs, not only the one that creates the
-// file: a crash may have come between a creation and its sync.
-func openAt(path string, size int64, syncDir func(dir string) error) (*os.File, error) {
+// openLocked opens path for writing, at least size bytes long. It holds the file's
+// lock until the file is closed, taken before cutBack: a second run of a running job
+// (a cron job overlapping the last one) would cut the files under the first one and
+// interleave their lines.
+func openLocked(path string, size int64) (*os.File, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
 		return nil, err
@@ -335,22 +342,96 @@ func openAt(path string, size int64, syncDir func(dir string) error) (*os.File, 
 	if err == nil && fi.Size() < size {
 		err = fmt.Errorf("%s is %d bytes, shorter than the checkpoint's %d: it was changed outside the job", path, fi.Size(), size)
 	}
-	if err == nil {
-		if err = syncDir(filepath.Dir(path)); err != nil {
-			err = fmt.Errorf("syncing the directory of %s: %w", path, err)
-		}
-	}
-	if err == nil {
-		err = f.Truncate(size)
-	}
-	if err == nil {
-		_, err = f.Seek(size, io.SeekStart)
-	}
 	if err != nil {
 		f.Close()
 		return nil, err
 	}
 	return f, nil
+}
+
+// cutBack cuts f back to size: anything beyond was written after the last checkpoint
+// and will be written again. The file's directory is fsynced before anything is
+// written: the checkpoint will count the file's bytes, and a power cut must not then
+// lose the file's name (the checkpoint's own directory fsync covers its directory,
+// which --output and --rejected need not share). Every start syncs, not only the one
+// that creates the file: a crash may have come between a creation and its sync.
+func cutBack(f *os.File, size int64, syncDir func(dir string) error) error {
+	if err := syncDir(filepath.Dir(f.Name())); err != nil {
+		return fmt.Errorf("syncing the directory of %s: %w", f.Name(), err)
+	}
+	if err := f.Truncate(size); err != nil {
+		return err
+	}
+	_, err := f.Seek(size, io.SeekStart)
+	return err
+}
+
+// checkLineEnds checks, before a resume cuts anything back, that the checkpoint's
+// offsets fall where lines end: after a newline in the input (or at its end, a last
+// line without one), in the output and in the rejected file; and that the output's
+// last line is the checkpoint's last line. A checkpoint whose numbers passed
+// decodeCheckpoint but are not the job's (damaged, or edited) would otherwise cut the
+// files mid-line, or send lines under other lines' task ids, which the dispatcher
+// answers with those lines' results. Only the last line is read, not the files.
+func (j *job) checkLineEnds(cp checkpoint, inputSize int64) error {
+	changed := fmt.Sprintf("it or the checkpoint %s was changed outside the job; to start over, remove the checkpoint, %s and %s",
+		j.cfg.Checkpoint, j.cfg.Output, j.cfg.Rejected)
+	for _, f := range []struct {
+		file *os.File
+		end  int64
+		eof  bool // whether the file may end there without a newline
+	}{{j.in, cp.InputOffset, cp.InputOffset == inputSize}, {j.out, cp.OutputSize, false}, {j.rej, cp.RejectedSize, false}} {
+		if f.end == 0 || f.eof {
+			continue
+		}
+		b := []byte{0}
+		if _, err := f.file.ReadAt(b, f.end-1); err != nil {
+			return fmt.Errorf("reading %s: %w", f.file.Name(), err)
+		}
+		if b[0] != '\n' {
+			return fmt.Errorf("%s: the checkpoint says a line ends at byte %d, but none does: %s", f.file.Name(), f.end, changed)
+		}
+	}
+	if cp.Lines == 0 {
+		return nil
+	}
+	n, err := lastLineNumber(j.out, cp.OutputSize)
+	if err != nil {
+		return fmt.Errorf("%s: reading the last line the checkpoint counts: %w", j.out.Name(), err)
+	}
+	if n != cp.Lines {
+		return fmt.Errorf("%s: the checkpoint counts %d lines, but the last it counts is line %d: %s", j.out.Name(), cp.Lines, n, changed)
+	}
+	return nil
+}
+
+// lastLineNumber reads the "line" of the output line that ends at end (with its
+// newline). Output lines begin {"line":n, as json.Marshal writes outputLine.
+func lastLineNumber(f *os.File, end int64) (int64, error) {
+	// Back from the newline that ends the line to the one before it, in chunks.
+	start := int64(0)
+	buf := make([]byte, 64<<10)
+	for pos := end - 1; pos > 0 && start == 0; {
+		n := min(pos, int64(len(buf)))
+		if _, err := f.ReadAt(buf[:n], pos-n); err != nil {
+			return 0, err
+		}
+		if i := bytes.LastIndexByte(buf[:n], '\n'); i >= 0 {
+			start = pos - n + int64(i) + 1
+		}
+		pos -= n
+	}
+	head := buf[:min(end-start, 40)]
+	if _, err := f.ReadAt(head, start); err != nil {
+		return 0, err
+	}
+	digits, ok := bytes.CutPrefix(head, []byte(`{"line":`))
+	if i := bytes.IndexByte(digits, ','); ok && i > 0 {
+		if n, err := strconv.ParseInt(string(digits[:i]), 10, 64); err == nil {
+			return n, nil
+		}
+	}
+	return 0, fmt.Errorf("the line at byte %d does not begin as an output line: %q", start, head)
 }
 
 func (j *job) closeFiles() {
