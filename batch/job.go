@@ -806,18 +806,26 @@ func (j *job) handle(r report) {
 		j.retry = append(j.retry, it)
 		return
 	}
+	// A body that is not JSON leaves a empty, and an error's status says enough; a field
+	// of another type leaves that field empty, and aerr says so.
 	var a answer
-	_ = json.Unmarshal(r.body, &a) // a non-JSON body leaves a empty; the status says enough
+	aerr := json.Unmarshal(r.body, &a)
 	msg := a.Error
 	if msg == "" {
-		msg = strings.TrimSpace(string(r.body[:min(len(r.body), 200)]))
+		msg = strings.ToValidUTF8(strings.TrimSpace(string(r.body[:min(len(r.body), 200)])), "\uFFFD")
 	}
 	switch {
-	case r.status == http.StatusOK && a.Status != "completed":
-		// The dispatcher's 200 is always a completed task. Anything else (a gateway's
-		// sign-in page reached through a redirect) would be written as a result it is
-		// not, for every line: stop instead.
-		j.fatal = fmt.Errorf("POST %s answered 200 with %q, not a task's answer; is --dispatcher the dispatcher's base URL, with nothing redirecting it (a sign-in page)?", j.runTask, msg)
+	case r.status == http.StatusOK && (a.Status != "completed" || aerr != nil):
+		// The dispatcher's 200 is always a completed task, every field of its type.
+		// Anything else (a gateway's sign-in page reached through a redirect; a
+		// "label_miss" or "worker_id" of another type, which would be written as
+		// false or empty) would be written as a result it is not, for every line:
+		// stop instead.
+		why := ""
+		if aerr != nil && a.Status == "completed" {
+			why = fmt.Sprintf(" (%v)", aerr)
+		}
+		j.fatal = fmt.Errorf("POST %s answered 200 with %q, not a task's answer%s; is --dispatcher the dispatcher's base URL, with nothing redirecting it (a sign-in page)?", j.runTask, msg, why)
 	case r.status == http.StatusOK:
 		j.bo.Reset()
 		j.complete(it, a)

@@ -898,6 +898,29 @@ func TestA200ThatIsNotATaskAnswerStopsTheJob(t *testing.T) {
 	}
 }
 
+// A 200 whose fields are of other types is not the dispatcher's answer either: it was
+// read in part, and each line written as completed with "label_miss" false (or no
+// worker) whatever the body said.
+func TestA200WithAFieldOfAnotherTypeStopsTheJob(t *testing.T) {
+	t.Parallel()
+	for _, body := range []string{
+		`{"status":"completed","worker_id":"w1","label_miss":"yes","result":{}}`,
+		`{"status":"completed","worker_id":7,"label_miss":true,"result":{}}`,
+	} {
+		f := newFakeDispatcher(t, func(context.Context, runTaskBody, int, int) (int, string) { return http.StatusOK, body })
+		cfg := setup(t, f, taskLines(3))
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		s, err := Run(ctx, cfg)
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), "not a task's answer (json: cannot unmarshal") {
+			t.Errorf("%s: %v; want an error", body, err)
+		}
+		if s.Completed != 0 {
+			t.Errorf("%s: %d lines written as completed", body, s.Completed)
+		}
+	}
+}
+
 // The output and rejected files are created by the job, and a new file's name is
 // durable only once its directory is fsynced: without that, a power cut could leave
 // a checkpoint counting bytes of a file that is gone. Each file's directory (here three
