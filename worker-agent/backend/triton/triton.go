@@ -5,7 +5,8 @@
 // What it does, following ../../../../shared/TRITON.md:
 //   - WaitStarted waits for GET /v2/health/live, then for no model LOADING in the index
 //     (a load an earlier agent process left under way); Inventory reads the repository index
-//     (POST /v2/repository/index): every model listed is loadable, those READY are loaded.
+//     (POST /v2/repository/index): every model listed is loadable, those READY are loaded
+//     (but for names no label can be, which the dispatcher would refuse).
 //   - Health is GET /v2/health/live (never /v2/health/ready, which is false while any
 //     model loads or unloads), and fails while Triton refuses loads for not being in
 //     explicit mode, once it has refused one (a misconfigured worker: the load fails
@@ -43,13 +44,13 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
 
+	"github.com/smartroute/smartroute/proto/frame"
 	"github.com/smartroute/smartroute/worker-agent/backend"
 )
 
@@ -372,14 +373,15 @@ func (b *Backend) Inventory(ctx context.Context) (backend.Inventory, error) {
 	if err != nil {
 		return backend.Inventory{}, err
 	}
-	inv := backend.Inventory{Loadable: indexNames(entries)}
-	for _, e := range entries {
-		if e.Name != "" && e.State == "READY" && !slices.Contains(inv.Loaded, e.Name) {
-			inv.Loaded = append(inv.Loaded, e.Name)
-			b.setLoaded(e.Name, true)
-		}
+	inv := backend.Inventory{Loadable: indexNames(entries), Loaded: indexLoaded(entries)}
+	for _, name := range inv.Loaded {
+		b.setLoaded(name, true)
 	}
-	b.log.Info().Strs("loadable", inv.Loadable).Strs("loaded", inv.Loaded).Msg("triton repository index read")
+	ev := b.log.Info()
+	if left := leftOut(entries); len(left) > 0 {
+		ev = b.log.Warn().Strs("left_out", left)
+	}
+	ev.Strs("loadable", inv.Loadable).Strs("loaded", inv.Loaded).Msg("triton repository index read")
 	return inv, nil
 }
 
@@ -394,15 +396,52 @@ func (b *Backend) Loadable(ctx context.Context) ([]string, error) {
 }
 
 // indexNames lists the models of an index once each (an entry per version may repeat
-// a name), in index order.
+// a name), in index order, in time linear in the index's length: a repository of
+// many thousand models is read every InventoryInterval. A name no task can name (see
+// labelName) is left out.
 func indexNames(entries []indexEntry) []string {
 	var names []string
+	seen := make(map[string]bool)
 	for _, e := range entries {
-		if e.Name != "" && !slices.Contains(names, e.Name) {
+		if labelName(e.Name) && !seen[e.Name] {
+			seen[e.Name] = true
 			names = append(names, e.Name)
 		}
 	}
 	return names
+}
+
+// indexLoaded lists the models of an index READY in some version, as indexNames does.
+func indexLoaded(entries []indexEntry) []string {
+	var names []string
+	seen := make(map[string]bool)
+	for _, e := range entries {
+		if e.State == "READY" && labelName(e.Name) && !seen[e.Name] {
+			seen[e.Name] = true
+			names = append(names, e.Name)
+		}
+	}
+	return names
+}
+
+// labelName reports whether a model's name can be a label: 1 to frame.MaxLabelBytes
+// bytes. The dispatcher refuses a hello or an Inventory listing any other, so one such
+// model in the repository kept the worker from ever connecting; and no task can name
+// it anyway.
+func labelName(name string) bool { return frame.CheckLabel("model", name) == nil }
+
+// leftOut lists the names of an index that are not labels, once each, quoted and cut
+// for a log.
+func leftOut(entries []indexEntry) []string {
+	var out []string
+	seen := make(map[string]bool)
+	for _, e := range entries {
+		if !labelName(e.Name) && e.Name != "" && !seen[e.Name] && len(out) < 10 {
+			seen[e.Name] = true
+			out = append(out, fmt.Sprintf("%.64q (%d bytes)", e.Name, len(e.Name)))
+		}
+	}
+	return out
 }
 
 // Health reports whether Triton is live and, once it has refused a load for not being
@@ -487,9 +526,20 @@ func (b *Backend) index(ctx context.Context) ([]indexEntry, error) {
 	if err != nil {
 		return nil, err
 	}
+	return decodeIndex(body)
+}
+
+// decodeIndex reads the repository index: a JSON array of models. null is not one
+// (Triton answers [] for an empty repository): taken for an empty index, it told an
+// unload waiting for its model to leave UNLOADING, and a start waiting for loads under
+// way, that nothing held memory.
+func decodeIndex(body []byte) ([]indexEntry, error) {
 	var entries []indexEntry
 	if err := json.Unmarshal(body, &entries); err != nil {
 		return nil, fmt.Errorf("triton index: answer is not a JSON array of models: %w", err)
+	}
+	if entries == nil {
+		return nil, fmt.Errorf("triton index: answer is %.32q, not a JSON array of models", bytes.TrimSpace(body))
 	}
 	return entries, nil
 }
