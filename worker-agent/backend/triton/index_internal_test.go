@@ -123,3 +123,25 @@ func TestIndexNamesOfALargeRepository(t *testing.T) {
 		t.Fatalf("%d names and %d loaded of %d models in %v; want all in under a second", len(names), len(loaded), len(entries), took)
 	}
 }
+
+// Triton's error answer: its message, else the body's text, else the status text, and
+// never empty nor other than UTF-8 (a proxy's page may be in any encoding).
+func TestErrorMessage(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		code       int
+		body, want string
+	}{
+		{400, `{"error":"load failed"}`, "load failed"},
+		{400, ` bad gateway `, "bad gateway"},
+		{400, ``, "Bad Request"},
+		{599, ``, "no message"},
+		{599, `{"error":""}`, `{"error":""}`},
+		{502, "caf\xe9", "caf\uFFFD"},
+		{500, "{\"error\":\"\xff\"}", "\uFFFD"},
+	} {
+		if got := errorMessage(c.code, []byte(c.body)); got != c.want {
+			t.Errorf("errorMessage(%d, %q) = %q, want %q", c.code, c.body, got, c.want)
+		}
+	}
+}

@@ -69,3 +69,18 @@ func FuzzDecodeIndex(f *testing.F) {
 		}
 	})
 }
+
+// Triton's error answer may be anything (a proxy's page, any encoding, any status):
+// its message is never empty, and always UTF-8.
+func FuzzErrorMessage(f *testing.F) {
+	for _, s := range []string{`{"error":"load failed"}`, ``, " \n", "caf\xe9", "{\"error\":\"\xff\"}", `{"error":""}`, `{"error":5}`} {
+		f.Add(400, []byte(s))
+		f.Add(599, []byte(s))
+	}
+	f.Fuzz(func(t *testing.T, code int, raw []byte) {
+		m := errorMessage(code, raw)
+		if m == "" || !utf8.ValidString(m) {
+			t.Fatalf("errorMessage(%d, %q) = %q", code, raw, m)
+		}
+	})
+}

@@ -1148,18 +1148,23 @@ func (b *Backend) send(ctx context.Context, op, model, method, path string, body
 }
 
 // errorMessage is Triton's {"error": "..."} message, else the body's text, else the
-// status text (health endpoints answer 400 with an empty body).
+// status text (health endpoints answer 400 with an empty body), else "no message". It
+// is never empty, and always UTF-8: the body may be a proxy's, in any encoding, and
+// the message ends up in logs and frames.
 func errorMessage(code int, raw []byte) string {
 	var e struct {
 		Error string `json:"error"`
 	}
-	if json.Unmarshal(raw, &e) == nil && e.Error != "" {
-		return e.Error
+	if json.Unmarshal(raw, &e) == nil && strings.TrimSpace(e.Error) != "" {
+		return e.Error // encoding/json has made it UTF-8
 	}
 	if s := strings.TrimSpace(string(raw)); s != "" {
-		return s
+		return strings.ToValidUTF8(s, "\uFFFD")
 	}
-	return http.StatusText(code)
+	if t := http.StatusText(code); t != "" {
+		return t
+	}
+	return "no message"
 }
 
 // CloseIdleConnections closes the clients' idle keep-alive connections.
