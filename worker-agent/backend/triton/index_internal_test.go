@@ -145,3 +145,44 @@ func TestErrorMessage(t *testing.T) {
 		}
 	}
 }
+
+// A producer's infer request is read as Triton reads it: a key given twice in an
+// object this check reads is refused, since Triton would read the first and
+// encoding/json the last. A sequence given so went out replayable (sent twice, it
+// advanced the sequence twice), and a binary output asked for so was sent.
+func TestCheckInferRequest(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ params, err string }{
+		{`{"inputs":[{}],"parameters":{"sequence_id":1},"parameters":{}}`, `key "parameters" is given twice`},
+		{`{"inputs":[{}],"parameters":{"binary_data_output":true,"binary_data_output":false}}`, `key "binary_data_output" is given twice`},
+		{`{"inputs":[{}],"outputs":[{"name":"o","parameters":{"binary_data":true},"parameters":{}}]}`, `outputs[0]: key "parameters" is given twice`},
+		{`{"inputs":[{}],"parameters":{"binary_data_output":true}}`, "binary_data outputs are not supported"},
+		{`{"inputs":[{}],"outputs":[{},{"parameters":{"binary_data":true}}]}`, "binary_data outputs are not supported"},
+		{`{"inputs":[]}`, "no inputs"},
+		{`{"Inputs":[{}]}`, "no inputs"},
+		{`{"inputs":{}}`, "no inputs"},
+		{`null`, "it is empty or null"},
+		{`[]`, "not a JSON object"},
+		{`{"inputs":[{}]} {}`, "more after the object"},
+		{`{"inputs":[{}],"outputs":{}}`, "outputs must be an array"},
+		{`{"inputs":[{}],"outputs":[1]}`, "outputs[0]: not a JSON object"},
+		{`{"inputs":[{}],"parameters":5}`, "parameters: not a JSON object"},
+		{`{"inputs":[{}]`, "EOF"},
+	} {
+		if _, err := checkInferRequest([]byte(c.params)); err == nil || !strings.Contains(err.Error(), c.err) {
+			t.Errorf("%s: %v; want an error saying %q", c.params, err, c.err)
+		}
+	}
+	for params, replayable := range map[string]bool{
+		`{"inputs":[{"name":"x"}]}`:                                                          true,
+		` {"inputs":[1],"parameters":null,"outputs":null} `:                                  true,
+		`{"inputs":[{}],"parameters":{"sequence_id":0}}`:                                     false,
+		`{"inputs":[{}],"Parameters":{"sequence_id":1}}`:                                     true, // Triton reads keys exactly
+		`{"inputs":[{}],"parameters":{"binary_data_output":false},"outputs":[{"name":"o"}]}`: true,
+		`{"inputs":[{"parameters":{"a":1,"a":2}}]}`:                                          true, // not read here
+	} {
+		if got, err := checkInferRequest([]byte(params)); err != nil || got != replayable {
+			t.Errorf("%s: replayable %v, %v; want %v", params, got, err, replayable)
+		}
+	}
+}

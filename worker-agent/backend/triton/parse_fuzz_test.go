@@ -1,6 +1,7 @@
 package triton
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -83,4 +84,105 @@ func FuzzErrorMessage(f *testing.F) {
 			t.Fatalf("errorMessage(%d, %q) = %q", code, raw, m)
 		}
 	})
+}
+
+// A producer's parameters_json goes to Triton as it is. Whatever it holds,
+// checkInferRequest refuses it or it is an infer request with inputs, asking for no
+// binary output and replayable only when it is no sequence, both as Triton reads
+// repeated keys (the first) and as encoding/json does (the last).
+func FuzzCheckInferRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":[1]}],"outputs":[{"name":"y"}]}`,
+		`{"inputs":[{}],"parameters":{"sequence_id":1},"parameters":{}}`,
+		`{"inputs":[{}],"parameters":{"binary_data_output":true,"binary_data_output":false}}`,
+		`{"inputs":[{}],"outputs":[{"parameters":{"binary_data":false}},{"parameters":{"binary_data":true}}]}`,
+		`{"inputs":[{}],"Parameters":{"sequence_id":1}}`, `{"inputs":[]}`, `null`, `{"inputs":[1]} x`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, params []byte) {
+		replayable, err := checkInferRequest(params)
+		if err != nil {
+			if replayable || err.Error() == "" {
+				t.Fatalf("replayable %v with error %q", replayable, err)
+			}
+			return
+		}
+		var last any
+		if err := json.Unmarshal(params, &last); err != nil {
+			t.Fatalf("accepted %q, which is not JSON: %v", params, err)
+		}
+		first, err := firstWins(json.NewDecoder(strings.NewReader(string(params))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for view, req := range map[string]any{"first": first, "last": last} {
+			r, ok := req.(map[string]any)
+			if !ok {
+				t.Fatalf("%s: accepted %q, not an object", view, params)
+			}
+			if in, ok := r["inputs"].([]any); !ok || len(in) == 0 {
+				t.Fatalf("%s: accepted %q without inputs", view, params)
+			}
+			top, ok := r["parameters"].(map[string]any)
+			if !ok && r["parameters"] != nil {
+				t.Fatalf("%s: accepted parameters %v", view, r["parameters"])
+			}
+			_, sequence := top["sequence_id"]
+			if top["binary_data_output"] == true || replayable == sequence {
+				t.Fatalf("%s: accepted %q as replayable %v", view, params, replayable)
+			}
+			outs, ok := r["outputs"].([]any)
+			if !ok && r["outputs"] != nil {
+				t.Fatalf("%s: accepted outputs %v", view, r["outputs"])
+			}
+			for _, o := range outs {
+				om, ok := o.(map[string]any)
+				p, pok := om["parameters"].(map[string]any)
+				if !ok || !pok && om["parameters"] != nil || p["binary_data"] == true {
+					t.Fatalf("%s: accepted output %v", view, o)
+				}
+			}
+		}
+	})
+}
+
+// firstWins decodes one JSON value as Triton's parser reads it: of a repeated key in an
+// object, the first.
+func firstWins(dec *json.Decoder) (any, error) {
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, err
+	}
+	switch tok {
+	case json.Delim('{'):
+		m := map[string]any{}
+		for dec.More() {
+			k, err := dec.Token()
+			if err != nil {
+				return nil, err
+			}
+			v, err := firstWins(dec)
+			if err != nil {
+				return nil, err
+			}
+			if _, ok := m[k.(string)]; !ok {
+				m[k.(string)] = v
+			}
+		}
+		_, err := dec.Token()
+		return m, err
+	case json.Delim('['):
+		a := []any{}
+		for dec.More() {
+			v, err := firstWins(dec)
+			if err != nil {
+				return nil, err
+			}
+			a = append(a, v)
+		}
+		_, err := dec.Token()
+		return a, err
+	}
+	return tok, nil
 }

@@ -36,6 +36,7 @@ package triton
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -889,32 +890,112 @@ func (b *Backend) Run(ctx context.Context, task backend.Task) ([]byte, error) {
 // runInfer posts the task's parameters, a KServe v2 infer request, and returns
 // Triton's JSON answer.
 func (b *Backend) runInfer(ctx context.Context, task backend.Task) ([]byte, error) {
-	var req struct {
-		Inputs     []json.RawMessage `json:"inputs"`
-		Parameters map[string]any    `json:"parameters"`
-		Outputs    []struct {
-			Parameters map[string]any `json:"parameters"`
-		} `json:"outputs"`
+	replayable, err := checkInferRequest(task.Params)
+	if err != nil {
+		return nil, fmt.Errorf("infer: %w", err)
 	}
-	if err := json.Unmarshal(task.Params, &req); err != nil {
-		return nil, fmt.Errorf("infer: parameters_json must be a KServe v2 infer request object: %w", err)
+	return b.infer(ctx, task.Label, task.Params, replayable)
+}
+
+// checkInferRequest reads what runInfer must know of a producer's infer request: that
+// it has inputs and asks for no binary output (the result must be JSON; the binary
+// tensor extension answers raw bytes), and whether it is replayable: an inference is a
+// read, safe to send twice, unless it belongs to a sequence, which a stateful model
+// would advance twice.
+//
+// It reads keys as Triton does, exactly and each once. encoding/json matches a
+// struct's keys in any case and keeps the last of a repeated key; Triton's parser
+// (RapidJSON) matches exactly and finds the first. So
+// {"parameters":{"sequence_id":1},"parameters":{}} was replayable here and a sequence
+// there, and {"parameters":{"binary_data_output":true,"binary_data_output":false}}
+// passed here and asked Triton for binary. A key repeated in an object read here is
+// refused.
+func checkInferRequest(params []byte) (replayable bool, err error) {
+	const want = "parameters_json must be a KServe v2 infer request object"
+	req, err := jsonObject(params)
+	if err != nil || req == nil {
+		return false, fmt.Errorf("%s: %w", want, cmp.Or(err, errors.New("it is empty or null")))
 	}
-	if len(req.Inputs) == 0 {
-		return nil, errors.New("infer: parameters_json has no inputs")
+	if !nonEmptyArray(req["inputs"]) {
+		return false, errors.New(`parameters_json has no inputs (an "inputs" array of at least one)`)
 	}
-	// The result must be JSON; the binary tensor extension answers raw bytes.
-	binary := req.Parameters["binary_data_output"] == true
-	for _, o := range req.Outputs {
-		binary = binary || o.Parameters["binary_data"] == true
+	top, err := jsonObject(req["parameters"])
+	if err != nil {
+		return false, fmt.Errorf("%s: parameters: %w", want, err)
+	}
+	binary := isTrue(top["binary_data_output"])
+	if raw, ok := req["outputs"]; ok {
+		var outputs []json.RawMessage
+		if err := json.Unmarshal(raw, &outputs); err != nil {
+			return false, fmt.Errorf("%s: outputs must be an array", want)
+		}
+		for i, o := range outputs {
+			out, err := jsonObject(o)
+			if err != nil {
+				return false, fmt.Errorf("%s: outputs[%d]: %w", want, i, err)
+			}
+			p, err := jsonObject(out["parameters"])
+			if err != nil {
+				return false, fmt.Errorf("%s: outputs[%d].parameters: %w", want, i, err)
+			}
+			binary = binary || isTrue(p["binary_data"])
+		}
 	}
 	if binary {
-		return nil, errors.New("infer: binary_data outputs are not supported: the result must be JSON")
+		return false, errors.New("binary_data outputs are not supported: the result must be JSON")
 	}
-	// An inference is a read, safe to send twice, unless it belongs to a sequence: a
-	// stateful model would advance the sequence twice.
-	_, sequence := req.Parameters["sequence_id"]
-	return b.infer(ctx, task.Label, task.Params, !sequence)
+	_, sequence := top["sequence_id"]
+	return !sequence, nil
 }
+
+// jsonObject reads raw, a JSON object, into its members as written; nil for an absent
+// value or null. A key given twice is an error.
+func jsonObject(raw json.RawMessage) (map[string]json.RawMessage, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil, errors.New("not a JSON object")
+	}
+	members := make(map[string]json.RawMessage)
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, err
+		}
+		key, _ := tok.(string) // the decoder allows only a string here
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, err
+		}
+		if _, dup := members[key]; dup {
+			return nil, fmt.Errorf("key %.64q is given twice (Triton would read the first one)", key)
+		}
+		members[key] = v
+	}
+	if _, err := dec.Token(); err != nil { // the closing brace
+		return nil, err
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, errors.New("more after the object")
+	}
+	return members, nil
+}
+
+// nonEmptyArray reports whether raw, valid JSON, is an array of at least one element.
+func nonEmptyArray(raw json.RawMessage) bool {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || raw[0] != '[' {
+		return false
+	}
+	rest := bytes.TrimSpace(raw[1:])
+	return len(rest) > 0 && rest[0] != ']'
+}
+
+// isTrue reports whether raw is JSON true.
+func isTrue(raw json.RawMessage) bool { return string(bytes.TrimSpace(raw)) == "true" }
 
 // infer posts an infer request, which the transport may send again when replayable
 // (see call). When Triton says the model is not there although this backend loaded it
