@@ -62,7 +62,7 @@ func TestBackoffGrowsWhileTheCollectorWelcomesButCannotWrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	writeRecords(t, s, 0, 1)
+	mustWrite(t, s, 0, 1)
 	<-done
 	if err := s.Close(); err != nil {
 		t.Fatalf("Close: %v", err)

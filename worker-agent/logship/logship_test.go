@@ -153,12 +153,22 @@ func testConfig(url string) Config {
 
 func record(i int) string { return fmt.Sprintf(`{"level":"info","i":%d,"message":"record %d"}`, i, i) }
 
-func writeRecords(t *testing.T, s *Shipper, from, to int) {
-	t.Helper()
+// writeRecords writes records from..to-1. It returns an error rather than failing the
+// test so that it may run on a goroutine of its own (t.Fatal may not).
+func writeRecords(s *Shipper, from, to int) error {
 	for i := from; i < to; i++ {
 		if n, err := s.Write([]byte(record(i) + "\n")); err != nil || n != len(record(i))+1 {
-			t.Fatalf("Write = %d, %v", n, err)
+			return fmt.Errorf("Write of record %d = %d, %v", i, n, err)
 		}
+	}
+	return nil
+}
+
+// mustWrite is writeRecords on the test's goroutine.
+func mustWrite(t *testing.T, s *Shipper, from, to int) {
+	t.Helper()
+	if err := writeRecords(s, from, to); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -188,7 +198,9 @@ func TestWriteNeverBlocksWhenCollectorIsDown(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		writeRecords(t, s, 0, n)
+		if err := writeRecords(s, 0, n); err != nil {
+			t.Error(err)
+		}
 	}()
 	select {
 	case <-done:
@@ -226,11 +238,16 @@ func TestResendsUnacknowledgedBatchesAfterReconnect(t *testing.T) {
 			_, _ = c.read() // until the shipper closes
 		}
 	})
-	s, err := New(testConfig(f.url))
+	cfg := testConfig(f.url)
+	// The first connection waits for all n records unacknowledged. A batch holds at
+	// least one record, so n in flight lets them all out however small the batches are
+	// (a slow writer makes them small); with fewer the shipper could stop short.
+	cfg.MaxInFlight = n
+	s, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	writeRecords(t, s, 0, n)
+	mustWrite(t, s, 0, n)
 	b1, b2 := <-first, <-second
 	if err := s.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
@@ -284,11 +301,13 @@ func TestWelcomeLastSeqSkipsWrittenBatches(t *testing.T) {
 			resent <- count
 		}
 	})
-	s, err := New(testConfig(f.url))
+	cfg := testConfig(f.url)
+	cfg.MaxInFlight = n // as in TestResendsUnacknowledgedBatchesAfterReconnect
+	s, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	writeRecords(t, s, 0, n)
+	mustWrite(t, s, 0, n)
 	// Close returns once the second welcome has acknowledged everything.
 	if err := s.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
@@ -311,7 +330,7 @@ func TestDroppedCountIsReported(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	writeRecords(t, s, 0, 100) // upgrades are refused (503): 10 fit, 90 are dropped
+	mustWrite(t, s, 0, 100) // upgrades are refused (503): 10 fit, 90 are dropped
 	st := s.Stats()
 	if st.Queued != 10 || st.Dropped != 90 {
 		t.Fatalf("stats before the collector opens: %+v", st)
@@ -348,7 +367,7 @@ func TestCloseIsBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	writeRecords(t, s, 0, 3)
+	mustWrite(t, s, 0, 3)
 	<-received
 	start := time.Now()
 	err = s.Close()
@@ -389,7 +408,7 @@ func TestCloseCutsAnUnansweredUpgrade(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	writeRecords(t, s, 0, 1)
+	mustWrite(t, s, 0, 1)
 	c := <-requested // the shipper is waiting for the upgrade's response
 	defer c.Close()
 	closed := make(chan error, 1)
@@ -498,7 +517,7 @@ func TestCloseFlushesWithoutWaitingOutTheBackoff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	writeRecords(t, s, 0, n)
+	mustWrite(t, s, 0, n)
 	<-down.ready // refused once; now waiting about an hour
 	close(f.open)
 	if err := s.Close(); err != nil {
@@ -523,7 +542,7 @@ func TestDropsWithNothingAfterThemAreReported(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	writeRecords(t, s, 0, 1)
+	mustWrite(t, s, 0, 1)
 	first := <-batches // the record's batch is formed before the drop
 	records, dropped := len(first.GetRecords()), first.GetDropped()
 	if _, err := s.Write([]byte(record(0) + `,"pad":"` + strings.Repeat("x", 64) + "\n")); err != nil {
