@@ -147,15 +147,43 @@ func setup(t *testing.T, f *fakeDispatcher, lines []string) Config {
 		RetryDelay: time.Millisecond}
 }
 
-func run(t *testing.T, cfg Config) Summary {
-	t.Helper()
+// runBounded is Run with a deadline, so that a stuck job fails the test.
+func runBounded(cfg Config) (Summary, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	s, err := Run(ctx, cfg)
+	return Run(ctx, cfg)
+}
+
+func run(t *testing.T, cfg Config) Summary {
+	t.Helper()
+	s, err := runBounded(cfg)
 	if err != nil {
 		t.Fatalf("Run: %v", err)
 	}
 	return s
+}
+
+// runAsync starts the job on a goroutine of its own; wait, called on the test's
+// goroutine, returns its summary or fails the test. (t.Fatal on the job's goroutine
+// would end that goroutine without a summary and leave the test waiting for one.)
+func runAsync(t *testing.T, cfg Config) (wait func() Summary) {
+	type result struct {
+		s   Summary
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		s, err := runBounded(cfg)
+		done <- result{s, err}
+	}()
+	return func() Summary {
+		t.Helper()
+		r := <-done
+		if r.err != nil {
+			t.Fatalf("Run: %v", r.err)
+		}
+		return r.s
+	}
 }
 
 func readLines(t *testing.T, path string) []string {
@@ -293,8 +321,7 @@ func TestWorkTimeoutChangedWhileRunning(t *testing.T) {
 	}
 	cfg.ControlListener = ln
 	base := "http://" + ln.Addr().String()
-	done := make(chan Summary, 1)
-	go func() { done <- run(t, cfg) }()
+	wait := runAsync(t, cfg)
 
 	waitFor(t, "line 2 to be in flight", func() bool { return len(f.requests(2)) == 1 })
 	resp, err := noKeepAlive.Post(base+"/work-timeout", "application/json", strings.NewReader(`{"timeout": -1}`))
@@ -323,7 +350,7 @@ func TestWorkTimeoutChangedWhileRunning(t *testing.T) {
 	if st.WorkTimeoutSecs != 0.5 || st.JobID == "" {
 		t.Errorf("status after the change: %+v", st)
 	}
-	s := <-done
+	s := wait()
 	checkOutput(t, cfg.Output, 5)
 	if n := len(f.requests(2)); n != 2 || s.Reissued != 1 {
 		t.Fatalf("line 2 requested %d times, %d reissued; want 2 and 1", n, s.Reissued)
@@ -843,8 +870,7 @@ func TestSecondRunOfARunningJobIsRefused(t *testing.T) {
 		return http.StatusOK, ""
 	})
 	cfg := setup(t, f, taskLines(5))
-	done := make(chan Summary, 1)
-	go func() { done <- run(t, cfg) }()
+	wait := runAsync(t, cfg)
 	waitFor(t, "the first run to checkpoint lines 1 and 2", func() bool {
 		cp, ok, _ := loadCheckpoint(cfg.Output + ".checkpoint")
 		return ok && cp.Lines == 2
@@ -861,7 +887,7 @@ func TestSecondRunOfARunningJobIsRefused(t *testing.T) {
 		t.Errorf("the second run changed the output:\n%s", after)
 	}
 	close(release)
-	<-done
+	wait()
 	checkOutput(t, cfg.Output, 5)
 	if n := len(f.requests(4)); n != 1 {
 		t.Errorf("line 4 was submitted %d times; the second run must submit nothing", n)
@@ -1106,8 +1132,7 @@ func TestWindowBoundedInBytes(t *testing.T) {
 			t.Fatal(err)
 		}
 		cfg.ControlListener = ln
-		done := make(chan Summary, 1)
-		go func() { done <- run(t, cfg) }()
+		wait := runAsync(t, cfg)
 		// Quiet: only line 1 in flight, and nothing more to issue without it (the
 		// window full, in bytes or, without the bound, in lines).
 		waitFor(t, "the job to issue all it will while line 1 holds the window", func() bool {
@@ -1123,7 +1148,7 @@ func TestWindowBoundedInBytes(t *testing.T) {
 		issued := len(f.reqs)
 		f.mu.Unlock()
 		close(release)
-		s := <-done
+		s := wait()
 		checkOutput(t, cfg.Output, 150)
 		// Answers of lines in flight when the bound is reached still come in.
 		if limit := int64(bound + cfg.Concurrency*(big+1024)); s.PeakWindowBytes > limit {

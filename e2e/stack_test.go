@@ -8,7 +8,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -227,23 +226,26 @@ type taskAnswer struct {
 	Error     string          `json:"error"`
 }
 
-func (s *stack) run(body string) (int, taskAnswer) {
-	s.t.Helper()
+// post submits a task and returns the answer, bounded by 30 s. It returns an error
+// rather than failing the test, so that it may run on a goroutine of its own.
+func (s *stack) post(body string) (int, taskAnswer, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+s.addr+"/run-task", strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
+	code, a, err := postTask(ctx, s.addr, body)
 	if err != nil {
-		s.t.Fatalf("POST /run-task: %v", err)
+		err = fmt.Errorf("POST /run-task: %w", err)
 	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	var a taskAnswer
-	if err := json.Unmarshal(raw, &a); err != nil {
-		s.t.Fatalf("answer is not JSON: %q", raw)
+	return code, a, err
+}
+
+// run is post on the test's goroutine: an error fails the test.
+func (s *stack) run(body string) (int, taskAnswer) {
+	s.t.Helper()
+	code, a, err := s.post(body)
+	if err != nil {
+		s.t.Fatal(err)
 	}
-	return resp.StatusCode, a
+	return code, a
 }
 
 func task(id, label string, extra string) string {
