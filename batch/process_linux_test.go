@@ -28,8 +28,8 @@ func TestSecondInterruptEndsAHungStop(t *testing.T) {
 	})
 	cfg := setup(t, f, taskLines(5))
 	cp := cfg.Output + ".checkpoint"
-	cmd := exec.Command(bin, "--dispatcher", f.srv.URL, "--input", cfg.Input, "--output", cfg.Output,
-		"--checkpoint-interval", "1h", "--concurrency", "1", "--order", "file", "--progress", "false", "--log-level", "error")
+	cmd := dieWithTest(exec.Command(bin, "--dispatcher", f.srv.URL, "--input", cfg.Input, "--output", cfg.Output,
+		"--checkpoint-interval", "1h", "--concurrency", "1", "--order", "file", "--progress", "false", "--log-level", "error"))
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -59,12 +59,15 @@ func TestSecondInterruptEndsAHungStop(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ino, err := syscall.InotifyInit1(syscall.IN_CLOEXEC)
+	// Non-blocking, so that os.File reads it through the poller and a read deadline
+	// bounds the wait below.
+	inofd, err := syscall.InotifyInit1(syscall.IN_CLOEXEC | syscall.IN_NONBLOCK)
 	if err != nil {
 		t.Skipf("inotify: %v", err)
 	}
-	defer syscall.Close(ino)
-	if _, err := syscall.InotifyAddWatch(ino, filepath.Dir(fifo), syscall.IN_OPEN); err != nil {
+	ino := os.NewFile(uintptr(inofd), "inotify")
+	defer ino.Close()
+	if _, err := syscall.InotifyAddWatch(inofd, filepath.Dir(fifo), syscall.IN_OPEN); err != nil {
 		t.Fatal(err)
 	}
 
@@ -88,14 +91,18 @@ func TestSecondInterruptEndsAHungStop(t *testing.T) {
 	}
 }
 
-// waitForOpen reads inotify events from ino until one opens name.
-func waitForOpen(t *testing.T, ino int, name string) {
+// waitForOpen reads inotify events from ino until one opens name, failing the test
+// after 20 s rather than waiting for the test binary's timeout.
+func waitForOpen(t *testing.T, ino *os.File, name string) {
 	t.Helper()
+	if err := ino.SetReadDeadline(time.Now().Add(20 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
 	buf := make([]byte, 4096)
 	for {
-		n, err := syscall.Read(ino, buf)
+		n, err := ino.Read(buf)
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("waiting for %s to be opened: %v", name, err)
 		}
 		for off := 0; off+syscall.SizeofInotifyEvent <= n; {
 			nameLen := int(binary.NativeEndian.Uint32(buf[off+12:])) // InotifyEvent.Len

@@ -56,7 +56,7 @@ func TestResumeAfterKill9(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer logs.Close()
-	first := exec.Command(bin, args...)
+	first := dieWithTest(exec.Command(bin, args...))
 	first.Stderr = logs
 	if err := first.Start(); err != nil {
 		t.Fatal(err)
@@ -99,7 +99,7 @@ func TestResumeAfterKill9(t *testing.T) {
 	}
 
 	firstRun.Store(false)
-	second := exec.Command(bin, args...)
+	second := dieWithTest(exec.Command(bin, args...))
 	second.Stderr = logs
 	out, err := second.Output()
 	if err != nil {
@@ -132,7 +132,7 @@ func TestBadFlagValueExits2(t *testing.T) {
 	for _, bad := range [][]string{{"--order", "random"}, {"--log-level", ""},
 		{"--max-attempts", "0"}, {"--retry-delay", "0s"}, {"--concurrency", "0"}, {"--checkpoint-interval", "0s"}} {
 		args := append([]string{"--dispatcher", f.srv.URL, "--input", cfg.Input, "--output", cfg.Output, "--progress", "false"}, bad...)
-		out, err := exec.Command(bin, args...).CombinedOutput()
+		out, err := dieWithTest(exec.Command(bin, args...)).CombinedOutput()
 		var ee *exec.ExitError
 		if !errors.As(err, &ee) || ee.ExitCode() != 2 {
 			t.Errorf("%q: %v, want exit status 2\n%s", bad, err, out)
@@ -144,7 +144,7 @@ func TestBadFlagValueExits2(t *testing.T) {
 // usage.
 func TestHelpExits0(t *testing.T) {
 	t.Parallel()
-	out, err := exec.Command(buildBatch(t), "-h").CombinedOutput()
+	out, err := dieWithTest(exec.Command(buildBatch(t), "-h")).CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "-dispatcher") {
 		t.Errorf("batch -h: %v, want exit status 0 and the usage\n%s", err, out)
 	}
@@ -178,8 +178,8 @@ func TestInterrupt(t *testing.T) {
 			cfg := setup(t, f, taskLines(5))
 			cp := cfg.Output + ".checkpoint"
 			// Only the fresh job's checkpoint and the one at the stop are written.
-			cmd := exec.Command(bin, "--dispatcher", f.srv.URL, "--input", cfg.Input, "--output", cfg.Output,
-				"--checkpoint-interval", "1h", "--concurrency", "1", "--order", "file", "--progress", "false", "--log-level", "error")
+			cmd := dieWithTest(exec.Command(bin, "--dispatcher", f.srv.URL, "--input", cfg.Input, "--output", cfg.Output,
+				"--checkpoint-interval", "1h", "--concurrency", "1", "--order", "file", "--progress", "false", "--log-level", "error"))
 			var stderr strings.Builder
 			cmd.Stderr = &stderr
 			if err := cmd.Start(); err != nil {

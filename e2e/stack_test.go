@@ -20,6 +20,10 @@ import (
 	"time"
 )
 
+// binDirPrefix names the temp dirs the binaries are built in; claimedMarker, in one,
+// says a test binary holds its lock (see claimBinDir).
+const binDirPrefix, claimedMarker = "smartroute-e2e-", ".claimed"
+
 var (
 	buildOnce sync.Once
 	binDir    string
@@ -33,8 +37,12 @@ func binaries(t *testing.T) string {
 		t.Skip("end-to-end tests build and start real processes; skipped with -short")
 	}
 	buildOnce.Do(func() {
-		binDir, buildErr = os.MkdirTemp("", "smartroute-e2e-")
+		removeStaleBinDirs()
+		binDir, buildErr = os.MkdirTemp("", binDirPrefix)
 		if buildErr != nil {
+			return
+		}
+		if buildErr = claimBinDir(binDir); buildErr != nil {
 			return
 		}
 		cmd := exec.Command("go", "build", "-o", binDir+"/", "./dispatcher/cmd/dispatcher", "./worker-agent/cmd/worker-agent", "./worker-agent/cmd/fake-triton", "./log-collector/cmd/log-collector")
@@ -50,6 +58,8 @@ func binaries(t *testing.T) string {
 	return binDir
 }
 
+// TestMain removes the binaries when the tests end; a test binary that dies first
+// (a -timeout panic) leaves them to the next run's removeStaleBinDirs.
 func TestMain(m *testing.M) {
 	code := m.Run()
 	if binDir != "" {
@@ -74,7 +84,7 @@ func start(t *testing.T, name string, args ...string) *proc {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(filepath.Join(binaries(t), strings.SplitN(name, "#", 2)[0]), args...)
+	cmd := dieWithTest(exec.Command(filepath.Join(binaries(t), strings.SplitN(name, "#", 2)[0]), args...))
 	cmd.Stdout, cmd.Stderr = f, f
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
