@@ -107,27 +107,34 @@ func TestRefusedTokenBacksOffAndRecovers(t *testing.T) {
 		h.cfg.WorkerToken = "tok-1"
 		h.cfg.ReconnectMin, h.cfg.ReconnectMax = 20*time.Millisecond, 40*time.Millisecond
 	})
-	start := time.Now()
-	for i := 0; i < 3; i++ {
-		if got := <-h.dials; got != "Bearer tok-1" {
-			t.Fatalf("dial %d sent Authorization %q", i, got)
+	var dials [3]dial
+	for i := range dials {
+		select {
+		case dials[i] = <-h.dials:
+		case <-time.After(waitLimit):
+			t.Fatalf("dial %d did not come", i+1)
+		}
+		if got := dials[i].auth; got != "Bearer tok-1" {
+			t.Fatalf("dial %d sent Authorization %q", i+1, got)
 		}
 	}
-	// Three dials are two waits of at least ReconnectMin/2 (jitter) apart.
-	if el := time.Since(start); el < 20*time.Millisecond {
+	// Three dials are two waits of at least ReconnectMin/2 (jitter) apart. Timed from
+	// the server's stamps: each is taken before that dial's refusal is sent, so both
+	// waits fall wholly between the first and the third, however late this goroutine
+	// runs.
+	if el := dials[2].at.Sub(dials[0].at); el < 20*time.Millisecond {
 		t.Fatalf("three refused dials within %v: no backoff", el)
 	}
-	refusals := func() int {
-		n := 0
-		for _, r := range h.recordsWith("level", "error") {
-			if msg, _ := r["message"].(string); strings.Contains(msg, "refused this worker's token") && strings.Contains(r["error"].(string), "refused by test") {
-				n++
-			}
+	// The agent logs a refusal before it waits to dial again: the third dial means the
+	// first two refusals are logged.
+	refusals := 0
+	for _, r := range h.recordsWith("level", "error") {
+		if msg, _ := r["message"].(string); strings.Contains(msg, "refused this worker's token") && strings.Contains(r["error"].(string), "refused by test") {
+			refusals++
 		}
-		return n
 	}
-	for refusals() < 2 {
-		time.Sleep(time.Millisecond) // polling the log, bounded by the test timeout
+	if refusals < 2 {
+		t.Fatalf("%d refusals logged by the third dial, want 2 or more", refusals)
 	}
 	h.mu.Lock()
 	h.refuse = 0

@@ -44,9 +44,15 @@ type harness struct {
 	mu     sync.Mutex
 	peers  []*peer
 	refuse int // when non-zero, the upgrade is refused with this HTTP status
-	// dials receives the Authorization header of every dial, refused or not; a dial
-	// that finds it full is not recorded.
-	dials chan string
+	// dials receives every dial, refused or not; a dial that finds it full is not
+	// recorded.
+	dials chan dial
+}
+
+// dial is one upgrade request the fake dispatcher received.
+type dial struct {
+	auth string    // its Authorization header
+	at   time.Time // when it arrived, before any answer was sent
 }
 
 type option func(*harness)
@@ -64,15 +70,16 @@ func setup(t testing.TB, opts ...option) *harness {
 		conns:  make(chan *peer, 16),
 		logs:   &syncBuffer{},
 		runErr: make(chan error, 1),
-		dials:  make(chan string, 64),
+		dials:  make(chan dial, 64),
 	}
 	upgrader := websocket.Upgrader{}
 	h.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		at := time.Now()
 		h.mu.Lock()
 		refuse := h.refuse
 		h.mu.Unlock()
 		select {
-		case h.dials <- r.Header.Get("Authorization"):
+		case h.dials <- dial{r.Header.Get("Authorization"), at}:
 		default:
 		}
 		if refuse != 0 {
