@@ -60,13 +60,20 @@ func TestCancelledLoadDoesNotOverlapTheNextLoad(t *testing.T) {
 // and one that never ends is read until the task's context ends, growing the agent's
 // memory all the while. Here Triton answers 200 and then streams more than the agent
 // could ever use; Run must give up on its own with an error saying so.
+//
+// The bound is set small: streaming past the default 32 MiB took seconds under -race.
+// The default is checked to be a bound too.
 func TestInferAnswerReadIsBounded(t *testing.T) {
 	t.Parallel()
-	const sent = 40 << 20
+	if got := (triton.Config{}).WithDefaults().MaxAnswerSize; got != triton.DefaultMaxAnswerSize || got <= 0 {
+		t.Fatalf("default MaxAnswerSize %d, want %d", got, triton.DefaultMaxAnswerSize)
+	}
+	const limit = 64 << 10
+	const sent = 4 * limit
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusOK)
-		chunk := bytes.Repeat([]byte("0,"), 1<<19) // 1 MiB
+		chunk := bytes.Repeat([]byte("0,"), 8<<10) // 16 KiB
 		_, _ = w.Write([]byte(`{"outputs":[{"name":"y","datatype":"FP32","shape":[1],"data":[`))
 		for n := 0; n < sent; n += len(chunk) {
 			if _, err := w.Write(chunk); err != nil {
@@ -76,7 +83,7 @@ func TestInferAnswerReadIsBounded(t *testing.T) {
 		<-r.Context().Done() // and then nothing more, as a stuck server
 	}))
 	defer srv.Close()
-	b, err := triton.New(triton.Config{URL: srv.URL})
+	b, err := triton.New(triton.Config{URL: srv.URL, MaxAnswerSize: limit})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +104,7 @@ func TestInferAnswerReadIsBounded(t *testing.T) {
 	case <-time.After(waitLimit):
 		cancel()
 		<-done
-		t.Fatalf("Run still reading a %d MiB answer after %s", sent>>20, waitLimit)
+		t.Fatalf("Run still reading a %d KiB answer after %s (MaxAnswerSize %d KiB)", sent>>10, waitLimit, limit>>10)
 	}
 }
 
