@@ -117,8 +117,10 @@ type agent struct {
 
 	// deadlineTimer runs expireTasks at deadlineAt, the earliest deadline of an attempt
 	// when it was armed (zero: not armed). Guarded by mu.
-	deadlineTimer *time.Timer
+	deadlineTimer deadlineTimer
 	deadlineAt    time.Time
+	// clock is a test's stand-in for the wall clock in deadlines; nil: the wall clock.
+	clock deadlineClock
 }
 
 func newAgent(cfg Config) (_ *agent, err error) {
@@ -194,6 +196,7 @@ func newAgent(cfg Config) (_ *agent, err error) {
 		tasks:       make(map[taskKey]*runningTask),
 		runq:        make(chan taskJob),
 		available:   true, // until Health says otherwise
+		clock:       cfg.hooks.deadlineClock(),
 	}, nil
 }
 

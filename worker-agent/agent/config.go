@@ -159,6 +159,9 @@ type Config struct {
 type testHooks struct {
 	labelJoin func(label string) // an acquire starts waiting for a load another task started
 	labelWait func(label string) // an acquire starts waiting for room
+	// clock, when set, stands in for time.Now and time.AfterFunc in task deadlines, so
+	// that a test decides when a deadline passes.
+	clock deadlineClock
 }
 
 // WithDefaults returns a copy of c with zero values replaced by their defaults.

@@ -67,6 +67,35 @@ func (a *agent) cancelCause(ctx context.Context, key taskKey) error {
 	return context.Cause(ctx)
 }
 
+// deadlineClock is what task deadlines read the time and arm their timer with: the
+// wall clock unless a test gives its own (testHooks.clock).
+type deadlineClock interface {
+	Now() time.Time
+	AfterFunc(d time.Duration, f func()) deadlineTimer
+}
+
+// deadlineTimer is the part of *time.Timer that deadlines use.
+type deadlineTimer interface {
+	Reset(d time.Duration) bool
+	Stop() bool
+}
+
+// deadlineClock is the test's clock, if any.
+func (h *testHooks) deadlineClock() deadlineClock {
+	if h == nil {
+		return nil
+	}
+	return h.clock
+}
+
+// now is the time deadlines are measured against.
+func (a *agent) now() time.Time {
+	if a.clock != nil {
+		return a.clock.Now()
+	}
+	return time.Now()
+}
+
 // armDeadline makes sure expireTasks runs by d. One timer serves every attempt: it is
 // armed for the earliest deadline and, when it fires, re-armed for the next one.
 // Caller holds a.mu.
@@ -75,11 +104,14 @@ func (a *agent) armDeadline(d time.Time) {
 		return
 	}
 	a.deadlineAt = d
-	if a.deadlineTimer == nil {
+	switch {
+	case a.deadlineTimer != nil:
+		a.deadlineTimer.Reset(d.Sub(a.now()))
+	case a.clock != nil:
+		a.deadlineTimer = a.clock.AfterFunc(d.Sub(a.now()), a.expireTasks)
+	default:
 		a.deadlineTimer = time.AfterFunc(time.Until(d), a.expireTasks)
-		return
 	}
-	a.deadlineTimer.Reset(time.Until(d))
 }
 
 // expireTasks cancels the attempts whose deadline has passed and re-arms the timer
@@ -87,7 +119,7 @@ func (a *agent) armDeadline(d time.Time) {
 func (a *agent) expireTasks() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	now := time.Now()
+	now := a.now()
 	a.deadlineAt = time.Time{}
 	var next time.Time
 	for _, rt := range a.tasks {
@@ -181,7 +213,11 @@ func (a *agent) assign(s *session, asg *pb.TaskAssignment) {
 		rt := &runningTask{cancelCtx: cancel, s: s, holdsSlot: true}
 		if ms := asg.GetDeadlineUnixMs(); ms > 0 {
 			rt.deadline = time.UnixMilli(ms)
-			if received.Before(rt.deadline) {
+			now := received
+			if a.clock != nil {
+				now = a.clock.Now()
+			}
+			if now.Before(rt.deadline) {
 				a.armDeadline(rt.deadline)
 			} else {
 				rt.cancel(errDeadline) // over before it began

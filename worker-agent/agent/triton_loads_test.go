@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -78,7 +79,14 @@ func TestTritonNoLoadIntoRoomNotFreed(t *testing.T) {
 func TestTritonReloadAbandonedByADeadlineIsNotLoadedTwice(t *testing.T) {
 	t.Parallel()
 	f := fake.New(fake.Config{Models: []string{"m"}, Preload: []string{"m"}})
-	h := setup(t, withTriton(t, f), withConfig(func(c *agent.Config) { c.Slots = 2 }))
+	// t1's deadline must pass after its reload started: a real deadline (300 ms) could
+	// pass first on a loaded machine, and then no reload was abandoned. The test moves
+	// the agent's deadline clock itself once the reload is under way.
+	clock := newFakeClock()
+	h := setup(t, withTriton(t, f), withConfig(func(c *agent.Config) {
+		c.Slots = 2
+		agent.SetDeadlineClock(c, clock)
+	}))
 	p := h.connect()
 	if r := runTyped(p, "t0", "infer", "m", inferParams); !r.GetOk() || r.GetLabelMiss() {
 		t.Fatalf("result %v", r)
@@ -88,8 +96,9 @@ func TestTritonReloadAbandonedByADeadlineIsNotLoadedTwice(t *testing.T) {
 	release := f.HoldLoads("m")
 	defer release()
 	p.assign(&pb.TaskAssignment{TaskId: "t1", TaskType: "infer", Label: "m", ParametersJson: []byte(inferParams),
-		DeadlineUnixMs: time.Now().Add(300 * time.Millisecond).UnixMilli()})
+		DeadlineUnixMs: clock.Now().Add(time.Minute).UnixMilli()})
 	awaitEvent(t, events, "load_start m")
+	clock.Advance(2 * time.Minute) // t1's deadline passes during the reload
 	if r := p.result(); r.GetOk() || !r.GetDeadlineExceeded() {
 		t.Fatalf("result %v, want deadline exceeded", r)
 	}
@@ -107,6 +116,70 @@ func TestTritonReloadAbandonedByADeadlineIsNotLoadedTwice(t *testing.T) {
 	if err := h.stop(p); err != nil {
 		t.Fatalf("Run = %v", err)
 	}
+}
+
+// fakeClock is a deadline clock that moves only when Advance is called, which fires
+// the timers that come due.
+type fakeClock struct {
+	mu     sync.Mutex
+	now    time.Time
+	timers []*fakeTimer
+}
+
+type fakeTimer struct {
+	c  *fakeClock
+	at time.Time // zero: stopped, or fired
+	f  func()
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{now: time.Now()} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) AfterFunc(d time.Duration, f func()) agent.DeadlineTimer {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	tm := &fakeTimer{c: c, at: c.now.Add(d), f: f}
+	c.timers = append(c.timers, tm)
+	return tm
+}
+
+// Advance moves the clock on by d and runs, on this goroutine, the function of each
+// timer that came due.
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	var due []func()
+	for _, tm := range c.timers {
+		if !tm.at.IsZero() && !tm.at.After(c.now) {
+			tm.at = time.Time{}
+			due = append(due, tm.f)
+		}
+	}
+	c.mu.Unlock()
+	for _, f := range due {
+		f()
+	}
+}
+
+func (tm *fakeTimer) Reset(d time.Duration) bool {
+	tm.c.mu.Lock()
+	defer tm.c.mu.Unlock()
+	active := !tm.at.IsZero()
+	tm.at = tm.c.now.Add(d)
+	return active
+}
+
+func (tm *fakeTimer) Stop() bool {
+	tm.c.mu.Lock()
+	defer tm.c.mu.Unlock()
+	active := !tm.at.IsZero()
+	tm.at = time.Time{}
+	return active
 }
 
 // count is how many of events are ev.
