@@ -149,9 +149,10 @@ func (b *bundle) dialHello(hello *pb.Hello) *fakeWorker {
 	if env := w.read(); env.GetWelcome() == nil {
 		b.t.Fatalf("want a welcome, got %v", env)
 	}
-	// The worker is registered once /workers lists it.
-	for !contains(b.workers(), hello.WorkerId) {
-		time.Sleep(time.Millisecond) // polling an observable state, bounded by the test timeout
+	// addWorker queues the Welcome under the hub's lock as it registers the worker, and
+	// /workers takes that lock: a welcomed worker is listed already.
+	if ids := b.workers(); !contains(ids, hello.WorkerId) {
+		b.t.Fatalf("worker %s was welcomed but /workers lists %q", hello.WorkerId, ids)
 	}
 	return w
 }

@@ -565,11 +565,19 @@ func (h *hub) viewOf(rec *taskRecord) taskView {
 // id is replaced: its running tasks are requeued and it is closed with
 // CLOSE_CODE_REPLACED, on which the agent gives up, so two agents misconfigured with
 // one id do not take turns.
-func (h *hub) addWorker(wc *workerConn, hello *pb.Hello) error {
+//
+// welcome (nil: none) is queued here, under the lock that also registers the worker:
+// whoever reads the Welcome and then takes the lock (GET /workers) finds the worker
+// registered, and the assignments the scheduler makes below follow it. A dispatcher
+// shutting down sends no Welcome, only the SHUTDOWN close.
+func (h *hub) addWorker(wc *workerConn, hello *pb.Hello, welcome []byte) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closing {
 		return &Disconnect{Code: pb.CloseCode_CLOSE_CODE_SHUTDOWN, Reason: "dispatcher is shutting down"}
+	}
+	if welcome != nil {
+		wc.send(welcome)
 	}
 	if old := h.workers[wc.id]; old != nil {
 		h.removeLocked(old)

@@ -1,6 +1,7 @@
 package dispatcher
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -354,8 +355,12 @@ func TestWorkerRefusedAtShutdownIsCounted(t *testing.T) {
 	b.d.hub.beginShutdown()
 	w := b.dialRaw("late")
 	w.write(&pb.Envelope{Body: &pb.Envelope_Hello{Hello: &pb.Hello{ProtocolVersion: frame.ProtocolVersion, WorkerId: "late", MaxLabels: 1, Slots: 1}}})
-	if code, _ := w.closeCode(); code != int(pb.CloseCode_CLOSE_CODE_SHUTDOWN) {
-		t.Fatalf("close code %d, want SHUTDOWN", code)
+	// The close is the first frame: no Welcome for a worker that is not registered.
+	w.ws.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, data, err := w.ws.ReadMessage()
+	var ce *websocket.CloseError
+	if !errors.As(err, &ce) || ce.Code != int(pb.CloseCode_CLOSE_CODE_SHUTDOWN) {
+		t.Fatalf("first frame %q, %v; want the SHUTDOWN close and no Welcome", data, err)
 	}
 	if n := testutil.ToFloat64(b.d.hub.met.disconnects.WithLabelValues("shutdown")); n != 1 {
 		t.Errorf("worker_disconnects_total{code=shutdown} = %v, want 1", n)

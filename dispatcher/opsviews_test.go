@@ -24,7 +24,7 @@ func BenchmarkOpsViews(b *testing.B) {
 	for i := range 10_000 {
 		wc := &workerConn{id: fmt.Sprintf("worker-%05d", i)}
 		labels := []string{fmt.Sprintf("model-%d", i%50), fmt.Sprintf("model-%d", (i+1)%50), fmt.Sprintf("model-%d", (i+2)%50)}
-		if err := h.addWorker(wc, &pb.Hello{WorkerId: wc.id, MaxLabels: 4, Slots: 1, HeldLabels: labels, LoadableLabels: repository}); err != nil {
+		if err := h.addWorker(wc, &pb.Hello{WorkerId: wc.id, MaxLabels: 4, Slots: 1, HeldLabels: labels, LoadableLabels: repository}, nil); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -61,8 +61,8 @@ type workerConn struct {
 
 	// pending holds encoded frames for the flusher, bounded by maxQueued. It is a slice
 	// rather than a buffered channel so that an idle worker costs no queue memory
-	// (a 1024-slot channel alone is 24 KiB per connection). Appended by the hub (under
-	// hub.mu) and by serveWorker before registration; taken by the flusher. flushing
+	// (a 1024-slot channel alone is 24 KiB per connection). Appended by the hub, under
+	// hub.mu (the Welcome too, in addWorker); taken by the flusher. flushing
 	// says a flusher runs; only one ever does, which makes it the only writer.
 	pendingMu    sync.Mutex
 	pending      [][]byte
@@ -286,13 +286,12 @@ func (d *Dispatcher) serveWorker(c echo.Context) error {
 	}
 	wc.agent = hello.GetAgent()
 
-	// The welcome is the first frame out, ahead of any assignment.
+	// The welcome is the first frame out, ahead of any assignment; addWorker queues it
+	// as it registers the worker.
 	welcome, _ := frame.Encode(nil, &pb.Envelope{Body: &pb.Envelope_Welcome{Welcome: &pb.Welcome{
 		ProtocolVersion: frame.ProtocolVersion, DispatcherId: d.id, MaxFrameBytes: uint64(cfg.MaxFrameBytes),
 		InventoryUpdates: true}}})
-	wc.send(welcome)
-
-	if err := d.hub.addWorker(wc, hello); err != nil {
+	if err := d.hub.addWorker(wc, hello, welcome); err != nil {
 		var disc *Disconnect
 		if !errors.As(err, &disc) {
 			disc = &Disconnect{Code: pb.CloseCode_CLOSE_CODE_BAD_FRAME, Reason: err.Error()}
