@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/gorilla/websocket"
 	"github.com/labstack/echo/v4"
@@ -235,6 +234,7 @@ func TestRevokedWorkerTokenIsRefusedAndDisconnected(t *testing.T) {
 	keep := b.dial("keep", "m")
 	b.workerToken = "drop-token"
 	drop := b.dial("drop", "m")
+	dropConn := b.registered("drop")
 
 	// A malformed file is not applied: both tokens stay accepted.
 	writeFile(t, file, "keep-token\nbad token with spaces\n")
@@ -257,9 +257,7 @@ func TestRevokedWorkerTokenIsRefusedAndDisconnected(t *testing.T) {
 	if _, resp, err := b.dialWith("drop-3", "Bearer drop-token"); err == nil || resp == nil || resp.StatusCode != 401 {
 		t.Fatalf("dial with a revoked token: err %v resp %v", err, resp)
 	}
-	for contains(b.workers(), "drop") || contains(b.workers(), "drop-2") {
-		time.Sleep(time.Millisecond) // polling an observable state, bounded by the test timeout
-	}
+	b.awaitGone(dropConn) // drop-2 never said hello: it was never listed
 	ans := b.postAsync(`{"task_type":"x","label":"m"}`)
 	keep.finish(keep.assignment(), true, "{}")
 	if got := <-ans; got.status != 200 || got.body["worker_id"] != "keep" {

@@ -133,14 +133,12 @@ func TestStatusAfterDrainKeepsTheWorkerOut(t *testing.T) {
 	}
 	w1.write(&pb.Envelope{Body: &pb.Envelope_Status{Status: &pb.WorkerStatus{Accepting: true, Reason: "backend ready"}}})
 	// w1's frames are handled in order: once /labels shows this later one, the status
-	// has been too.
+	// has been too. (Polled: a drained w1 takes no task whose answer could say so.)
 	w1.write(&pb.Envelope{Body: &pb.Envelope_LabelEvent{LabelEvent: &pb.LabelEvent{Kind: pb.LabelEvent_KIND_LOADED, Label: "z"}}})
-	for {
-		if _, labels := b.get("/labels"); fmt.Sprint(labels["z"]) == "[w1]" {
-			break
-		}
-		time.Sleep(time.Millisecond) // polling an observable state
-	}
+	waitFor(t, "w1's LOADED z, sent after its status, in /labels", func() bool {
+		_, labels := b.get("/labels")
+		return fmt.Sprint(labels["z"]) == "[w1]"
+	})
 	if d := w1.read().GetDrain(); d == nil {
 		t.Fatalf("want the Drain, got %v", d)
 	}

@@ -157,6 +157,37 @@ func (b *bundle) dialHello(hello *pb.Hello) *fakeWorker {
 	return w
 }
 
+// answered waits until task id has its answer: its record's done channel closes.
+func (b *bundle) answered(id string) {
+	b.t.Helper()
+	b.d.hub.mu.Lock()
+	rec := b.d.hub.knownLocked(id)
+	b.d.hub.mu.Unlock()
+	if rec == nil {
+		b.t.Fatalf("task %s is unknown", id)
+	}
+	select {
+	case <-rec.done:
+	case <-time.After(10 * time.Second): // a failure bound, not synchronisation
+		b.t.Fatalf("task %s not answered within 10 s", id)
+	}
+}
+
+// awaitGone waits until the dispatcher's reader of connection wc has ended, and
+// checks that /workers no longer lists the worker: the reader takes the worker out of
+// the hub before it ends. Take wc (b.registered) before the connection is ended.
+func (b *bundle) awaitGone(wc *workerConn) {
+	b.t.Helper()
+	select {
+	case <-wc.read:
+	case <-time.After(10 * time.Second): // a failure bound, not synchronisation
+		b.t.Fatalf("worker %s still connected after 10 s", wc.id)
+	}
+	if ids := b.workers(); contains(ids, wc.id) {
+		b.t.Fatalf("worker %s's connection ended, yet /workers lists %q", wc.id, ids)
+	}
+}
+
 func (b *bundle) dialRaw(id string) *fakeWorker {
 	b.t.Helper()
 	h := http.Header{}
@@ -319,15 +350,9 @@ func TestAsyncSubmitThenGet(t *testing.T) {
 		t.Fatalf("while running: %v", v)
 	}
 	w.finish(a, false, "")
-	// The failure is final once the worker reported it; poll the observable state.
-	for {
-		if _, v := b.get("/tasks/a1"); v["status"] == "failed" {
-			if !strings.Contains(v["error"].(string), "boom") {
-				t.Fatalf("error %v", v["error"])
-			}
-			break
-		}
-		time.Sleep(time.Millisecond)
+	b.answered("a1") // the failure is final once the worker reported it
+	if _, v := b.get("/tasks/a1"); v["status"] != "failed" || !strings.Contains(v["error"].(string), "boom") {
+		t.Fatalf("after the worker's failure: %v", v)
 	}
 }
 
@@ -506,13 +531,12 @@ func TestWorkerListenRefusals(t *testing.T) {
 	// A registered worker that sends garbage later is closed; others are unaffected.
 	good := b.dial("good", "m")
 	bad := b.dial("bad", "m")
+	badConn := b.registered("bad")
 	bad.ws.WriteMessage(websocket.BinaryMessage, []byte("not protobuf at all"))
 	if code, _ := bad.closeCode(); code != int(pb.CloseCode_CLOSE_CODE_BAD_FRAME) {
 		t.Fatalf("garbage after hello: %d", code)
 	}
-	for contains(b.workers(), "bad") {
-		time.Sleep(time.Millisecond)
-	}
+	b.awaitGone(badConn)
 	ans := b.postAsync(`{"task_type":"x","label":"m"}`)
 	good.finish(good.assignment(), true, "{}")
 	if got := <-ans; got.status != 200 {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/gorilla/websocket"
 	"github.com/rs/zerolog"
@@ -62,6 +61,7 @@ func TestOversizedFrameClosesTheConnection(t *testing.T) {
 	t.Parallel()
 	b := setup(t, Config{MaxFrameBytes: frame.MinMaxSize})
 	w := b.dial("big", "m")
+	wc := b.registered("big")
 	// Only the header of a frame twice the limit (FIN and binary; masked, 64-bit
 	// length; mask key): the dispatcher refuses it on the header. A whole frame would
 	// leave bytes unread when it closes, and the kernel would reset the connection,
@@ -73,9 +73,7 @@ func TestOversizedFrameClosesTheConnection(t *testing.T) {
 	if code, _ := w.closeCode(); code != websocket.CloseMessageTooBig {
 		t.Fatalf("close code %d, want %d", code, websocket.CloseMessageTooBig)
 	}
-	for contains(b.workers(), "big") {
-		time.Sleep(time.Millisecond) // polling an observable state, bounded by the test timeout
-	}
+	b.awaitGone(wc) // gorilla writes the 1009 close itself, before the reader ends
 }
 
 // The Welcome tells a worker the dispatcher's frame limit, so that the worker keeps its

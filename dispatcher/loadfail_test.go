@@ -170,21 +170,24 @@ func TestInventoryMakesANewLabelRoutable(t *testing.T) {
 	if wel := w.read().GetWelcome(); !wel.GetInventoryUpdates() {
 		t.Fatalf("welcome %v does not offer inventory updates", wel)
 	}
-	for !contains(b.workers(), "w1") {
-		time.Sleep(time.Millisecond) // polling an observable state
+	// The Welcome is queued as the worker is registered (addWorker).
+	if ids := b.workers(); !contains(ids, "w1") {
+		t.Fatalf("w1 welcomed but /workers lists %q", ids)
 	}
 	if code, out := b.post("/run-task", `{"task_id":"inv-1","task_type":"x","label":"bert"}`); code != 503 {
 		t.Fatalf("task for a label not yet in the repository: %d %v", code, out)
 	}
 	w.write(&pb.Envelope{Body: &pb.Envelope_Inventory{Inventory: &pb.Inventory{LoadableLabels: []string{"resnet50", "bert"}}}})
-	// Frames are handled in order: once /labels shows this later one, the inventory
-	// has been too.
 	w.write(&pb.Envelope{Body: &pb.Envelope_LabelEvent{LabelEvent: &pb.LabelEvent{Kind: pb.LabelEvent_KIND_LOADED, Label: "resnet50"}}})
-	for {
-		if _, labels := b.get("/labels"); fmt.Sprint(labels["resnet50"]) == "[w1]" {
-			break
-		}
-		time.Sleep(time.Millisecond) // polling an observable state
+	// w1's frames are handled in order: once a task's result, written after these two,
+	// has answered the producer, the inventory and the event have been handled.
+	synced := b.postAsync(`{"task_id":"inv-sync","task_type":"x","label":"resnet50"}`)
+	w.finish(w.assignment(), true, `"ok"`)
+	if got := <-synced; got.status != 200 {
+		t.Fatalf("task for resnet50: %v", got)
+	}
+	if _, labels := b.get("/labels"); fmt.Sprint(labels["resnet50"]) != "[w1]" {
+		t.Fatalf("/labels %v after w1 said it loaded resnet50", labels)
 	}
 	code, det := b.get("/workers?detail=true")
 	if ws, _ := det["workers"].([]any); code != 200 || len(ws) != 1 || fmt.Sprint(ws[0].(map[string]any)["loadable"]) != "[bert resnet50]" {

@@ -20,15 +20,14 @@ func TestAnsweredTaskIsNotReassigned(t *testing.T) {
 	w2 := b.dial("w2", "other")
 	ans := b.postAsync(`{"task_id":"t1","task_type":"x","label":"m"}`)
 	w1.assignment()
+	w1Conn := b.registered("w1")
 	b.d.hub.beginShutdown()
 	b.d.hub.failAll("shutdown")
 	if got := <-ans; got.status != 503 {
 		t.Fatalf("answer %v", got)
 	}
 	w1.ws.Close() // the worker is lost after its task was answered
-	for contains(b.workers(), "w1") {
-		time.Sleep(time.Millisecond) // polling an observable state
-	}
+	b.awaitGone(w1Conn)
 	if code, v := b.get("/tasks/t1"); code != 200 || v["status"] != "failed" {
 		t.Fatalf("answered task now reports %d %v", code, v)
 	}
@@ -70,10 +69,9 @@ func TestRequeuedTaskReadsQueued(t *testing.T) {
 	w1 := b.dial("w1", "m")
 	b.postAsync(`{"task_id":"q1","task_type":"x","label":"m","timeout_ms":60000}`)
 	w1.assignment()
+	w1Conn := b.registered("w1")
 	w1.ws.Close()
-	for contains(b.workers(), "w1") {
-		time.Sleep(time.Millisecond)
-	}
+	b.awaitGone(w1Conn)
 	if _, v := b.get("/tasks/q1"); v["status"] != "queued" || v["worker_id"] != nil {
 		t.Fatalf("requeued task reads %v on %v", v["status"], v["worker_id"])
 	}
@@ -132,6 +130,7 @@ func TestPingsFromTheSharedPinger(t *testing.T) {
 		}
 	}()
 	b.dial("silent", "m") // never reads again: no pongs
+	silent := b.registered("silent")
 	for i := 0; i < 3; i++ {
 		select {
 		case <-pings:
@@ -139,9 +138,7 @@ func TestPingsFromTheSharedPinger(t *testing.T) {
 			t.Fatalf("only %d pings reached the answering worker; workers now %v", i, b.workers())
 		}
 	}
-	for contains(b.workers(), "silent") {
-		time.Sleep(time.Millisecond) // polling an observable state; bounded by the test timeout
-	}
+	b.awaitGone(silent)
 	if !contains(b.workers(), "alive") {
 		t.Fatal("the worker answering pings was dropped")
 	}
