@@ -63,7 +63,7 @@ func TestWorkerTokensFile(t *testing.T) {
 	if err := os.WriteFile(tokens, []byte("# the fleet\ngood-token\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	s := &stack{t: t, addr: freeAddr(t), agents: map[string]*proc{}}
+	s := &stack{t: t, agents: map[string]*proc{}}
 	s.startDispatcher(stackOpts{dispatcherArgs: []string{"--worker-tokens-file", tokens, "--api-key", "producer-key"}})
 	agentArgs := func(id, token string) []string {
 		return []string{"--dispatcher-url", "ws://" + s.addr + "/worker-listen", "--worker-id", id, "--worker-token", token,
@@ -200,7 +200,7 @@ func TestTLSDispatcherAndCollector(t *testing.T) {
 	t.Parallel()
 	pki := newTestPKI(t)
 	client := pki.client(t)
-	s := &stack{t: t, addr: freeAddr(t), agents: map[string]*proc{}}
+	s := &stack{t: t, agents: map[string]*proc{}}
 	waitHealthy := func(what, url string) {
 		s.eventually(what, func() bool {
 			resp, err := client.Get(url)
@@ -212,10 +212,12 @@ func TestTLSDispatcherAndCollector(t *testing.T) {
 		})
 	}
 	tlsArgs := []string{"--tls-cert", pki.certFile, "--tls-key", pki.keyFile}
-	collectorAddr, logDir := freeAddr(t), t.TempDir()
-	start(t, "log-collector#tls", append([]string{"--addr", collectorAddr, "--dir", logDir, "--ingest-token", "tls-token"}, tlsArgs...)...)
+	logDir := t.TempDir()
+	coll := start(t, "log-collector#tls", append([]string{"--addr", "127.0.0.1:0", "--dir", logDir, "--ingest-token", "tls-token"}, tlsArgs...)...)
+	collectorAddr := loggedAddr(t, coll, jsonAddr("log collector listening"))
 	waitHealthy("collector healthy over https", "https://"+collectorAddr+"/health")
-	s.disp = start(t, "dispatcher#tls", append([]string{"--addr", s.addr, "--data-dir", t.TempDir(), "--worker-token", "tls-token", "--api-key", "k", "--ops-auth"}, tlsArgs...)...)
+	s.disp = start(t, "dispatcher#tls", append([]string{"--addr", "127.0.0.1:0", "--data-dir", t.TempDir(), "--worker-token", "tls-token", "--api-key", "k", "--ops-auth"}, tlsArgs...)...)
+	s.addr = loggedAddr(t, s.disp, jsonAddr("dispatcher listening"))
 	waitHealthy("dispatcher healthy over https", "https://"+s.addr+"/health")
 
 	agentArgs := []string{"--dispatcher-url", "wss://" + s.addr + "/worker-listen", "--worker-token", "tls-token",

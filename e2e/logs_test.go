@@ -15,9 +15,18 @@ import (
 )
 
 // startCollector starts the log-collector binary on addr with dir and waits for /health.
-func startCollector(t *testing.T, s *stack, name, addr, dir string) *proc {
+// startCollector starts a log collector on addr, or, when addr is "", on a port of its
+// choosing; it returns the collector and its address.
+func startCollector(t *testing.T, s *stack, name, addr, dir string) (*proc, string) {
 	t.Helper()
-	p := start(t, "log-collector#"+name, "--addr", addr, "--dir", dir, "--log-level", "debug")
+	listen := addr
+	if listen == "" {
+		listen = "127.0.0.1:0"
+	}
+	p := start(t, "log-collector#"+name, "--addr", listen, "--dir", dir, "--log-level", "debug")
+	if addr == "" {
+		addr = loggedAddr(t, p, jsonAddr("log collector listening"))
+	}
 	s.eventually("log collector healthy", func() bool {
 		resp, err := http.Get("http://" + addr + "/health")
 		if err != nil {
@@ -26,7 +35,7 @@ func startCollector(t *testing.T, s *stack, name, addr, dir string) *proc {
 		resp.Body.Close()
 		return resp.StatusCode == 200
 	})
-	return p
+	return p, addr
 }
 
 // collectorLines returns the records the collector holds for worker, oldest first.
@@ -67,9 +76,9 @@ func countWith(lines []string, fragments ...string) int {
 func TestLogCollectorHoldsAgentRecords(t *testing.T) {
 	t.Parallel()
 	o := stackOpts{workers: 2, loadTime: 20 * time.Millisecond, runTime: 300 * time.Millisecond}
-	s := &stack{t: t, addr: freeAddr(t), agents: map[string]*proc{}}
-	collAddr, dir := freeAddr(t), t.TempDir()
-	startCollector(t, s, "1", collAddr, dir)
+	s := &stack{t: t, agents: map[string]*proc{}}
+	dir := t.TempDir()
+	_, collAddr := startCollector(t, s, "1", "", dir)
 	s.startDispatcher(o)
 	for _, id := range []string{"agent-1", "agent-2"} {
 		s.agents[id] = start(t, "worker-agent#"+id, "--dispatcher-url", "ws://"+s.addr+"/worker-listen", "--worker-id", id,
@@ -151,9 +160,9 @@ func TestLogCollectorHoldsAgentRecords(t *testing.T) {
 func TestLogCollectorKilledMidStream(t *testing.T) {
 	t.Parallel()
 	o := stackOpts{workers: 1, loadTime: time.Millisecond, runTime: time.Millisecond}
-	s := &stack{t: t, addr: freeAddr(t), agents: map[string]*proc{}}
-	collAddr, dir := freeAddr(t), t.TempDir()
-	coll := startCollector(t, s, "1", collAddr, dir)
+	s := &stack{t: t, agents: map[string]*proc{}}
+	dir := t.TempDir()
+	coll, collAddr := startCollector(t, s, "1", "", dir)
 	s.startDispatcher(o)
 	s.agents["agent-1"] = start(t, "worker-agent#agent-1", "--dispatcher-url", "ws://"+s.addr+"/worker-listen",
 		"--worker-id", "agent-1", "--log-level", "debug", "--sim-load-time", "1ms", "--sim-run-time", "1ms",
@@ -170,7 +179,7 @@ func TestLogCollectorKilledMidStream(t *testing.T) {
 	coll.signal(t, syscall.SIGKILL)
 	_ = coll.wait(t, 10*time.Second)
 	runSome("while-down", 40)
-	startCollector(t, s, "2", collAddr, dir)
+	startCollector(t, s, "2", collAddr, dir) // where the agent reconnects
 	runSome("after", 40)
 	s.agents["agent-1"].signal(t, syscall.SIGTERM)
 	if err := s.agents["agent-1"].wait(t, 20*time.Second); err != nil {

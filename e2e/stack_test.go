@@ -127,6 +127,10 @@ func (p *proc) wait(t *testing.T, within time.Duration) error {
 	}
 }
 
+// freeAddr returns a loopback address nothing listens on right now. Another process
+// may take it before the one it is handed to listens: processes that log their bound
+// address are started on 127.0.0.1:0 instead (loggedAddr). Only the agent's
+// --metrics-addr, which the agent does not log, still uses this.
 func freeAddr(t *testing.T) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -135,6 +139,49 @@ func freeAddr(t *testing.T) string {
 	}
 	defer ln.Close()
 	return ln.Addr().String()
+}
+
+// loggedAddr waits, up to 20 s, for p to log the address it listens on and returns it;
+// addrIn picks the address out of a log line ("" for any other line). A process
+// started on 127.0.0.1:0 picks a free port itself, where one picked by the test and
+// handed over could be taken by another process in between.
+func loggedAddr(t *testing.T, p *proc, addrIn func(line []byte) string) string {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		b, err := os.ReadFile(p.log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for line := range bytes.SplitSeq(b, []byte("\n")) {
+			if addr := addrIn(line); addr != "" {
+				return addr
+			}
+		}
+		select {
+		case <-p.done:
+			t.Fatalf("%s exited (%v) before it logged its address", p.name, p.err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not log its address within 20 s", p.name)
+		}
+		time.Sleep(10 * time.Millisecond) // polling the log file, as eventually polls
+	}
+}
+
+// jsonAddr picks the addr field out of the JSON log record whose message is msg.
+func jsonAddr(msg string) func([]byte) string {
+	return func(line []byte) string {
+		var rec struct {
+			Message string `json:"message"`
+			Addr    string `json:"addr"`
+		}
+		if json.Unmarshal(line, &rec) != nil || rec.Message != msg {
+			return ""
+		}
+		return rec.Addr
+	}
 }
 
 // stack is a dispatcher and its agents.
@@ -156,7 +203,7 @@ type stackOpts struct {
 
 func startStack(t *testing.T, o stackOpts) *stack {
 	t.Helper()
-	s := &stack{t: t, addr: freeAddr(t), agents: map[string]*proc{}}
+	s := &stack{t: t, agents: map[string]*proc{}}
 	s.startDispatcher(o)
 	for i := 1; i <= o.workers; i++ {
 		s.startAgent(fmt.Sprintf("agent-%d", i), o)
@@ -165,15 +212,25 @@ func startStack(t *testing.T, o stackOpts) *stack {
 	return s
 }
 
+// startDispatcher starts the dispatcher: the first time on a port of its choosing,
+// which becomes s.addr; again (a restart) on s.addr, where the agents reconnect.
 func (s *stack) startDispatcher(o stackOpts) {
+	s.t.Helper()
 	if s.dataDir == "" {
 		s.dataDir = s.t.TempDir()
 	}
-	args := append([]string{"--addr", s.addr, "--log-level", "debug", "--shutdown-timeout", "10s", "--data-dir", s.dataDir}, o.dispatcherArgs...)
+	addr := s.addr
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	args := append([]string{"--addr", addr, "--log-level", "debug", "--shutdown-timeout", "10s", "--data-dir", s.dataDir}, o.dispatcherArgs...)
 	if o.random {
 		args = append(args, "--random-dispatch")
 	}
 	s.disp = start(s.t, "dispatcher", args...)
+	if s.addr == "" {
+		s.addr = loggedAddr(s.t, s.disp, jsonAddr("dispatcher listening"))
+	}
 	s.eventually("dispatcher healthy", func() bool {
 		resp, err := http.Get("http://" + s.addr + "/health")
 		if err != nil {

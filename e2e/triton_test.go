@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -16,14 +17,13 @@ import (
 // Triton's real HTTP path, loading each label once.
 func TestTritonBackend(t *testing.T) {
 	t.Parallel()
-	s := &stack{t: t, addr: freeAddr(t), agents: map[string]*proc{}}
+	s := &stack{t: t, agents: map[string]*proc{}}
 	s.startDispatcher(stackOpts{})
-	logDir, collectorAddr := t.TempDir(), freeAddr(t)
-	startCollector(t, s, "triton", collectorAddr, logDir)
+	logDir := t.TempDir()
+	_, collectorAddr := startCollector(t, s, "triton", "", logDir)
 	for i := 1; i <= 2; i++ {
 		id := fmt.Sprintf("triton-agent-%d", i)
-		tritonAddr := freeAddr(t)
-		start(t, "fake-triton#"+id, "--addr", tritonAddr, "--models", "label-a,label-b,label-c",
+		tritonAddr := startFakeTriton(t, id, "--models", "label-a,label-b,label-c",
 			"--load-delay", "50ms", "--unload-delay", "20ms", "--dim", "4")
 		s.agents[id] = start(t, "worker-agent#"+id,
 			"--dispatcher-url", "ws://"+s.addr+"/worker-listen", "--worker-id", id, "--max-labels", "2", "--log-level", "debug",
@@ -113,10 +113,10 @@ func TestTritonBackend(t *testing.T) {
 // and the task runs on Triton's real HTTP path.
 func TestTritonModelUploadedWhileRunning(t *testing.T) {
 	t.Parallel()
-	s := &stack{t: t, addr: freeAddr(t), agents: map[string]*proc{}}
+	s := &stack{t: t, agents: map[string]*proc{}}
 	s.startDispatcher(stackOpts{})
-	repo, tritonAddr := t.TempDir(), freeAddr(t)
-	start(t, "fake-triton#upload", "--addr", tritonAddr, "--models", "label-a", "--repository", repo,
+	repo := t.TempDir()
+	tritonAddr := startFakeTriton(t, "upload", "--models", "label-a", "--repository", repo,
 		"--load-delay", "20ms", "--unload-delay", "10ms", "--dim", "4")
 	s.agents["upload"] = start(t, "worker-agent#upload",
 		"--dispatcher-url", "ws://"+s.addr+"/worker-listen", "--worker-id", "upload", "--log-level", "debug",
@@ -149,4 +149,19 @@ func TestTritonModelUploadedWhileRunning(t *testing.T) {
 	if n := grepLog(t, s.disp, `"message":"worker's loadable labels changed"`); n != 1 {
 		t.Fatalf("dispatcher logged the change %d times, want once", n)
 	}
+}
+
+// startFakeTriton starts a fake Triton on a port of its choosing and returns its
+// address, which it prints as "... serving on <addr>, models ...".
+func startFakeTriton(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	p := start(t, "fake-triton#"+name, append([]string{"--addr", "127.0.0.1:0"}, args...)...)
+	return loggedAddr(t, p, func(line []byte) string {
+		_, rest, ok := bytes.Cut(line, []byte(" serving on "))
+		addr, _, ok2 := bytes.Cut(rest, []byte(", models "))
+		if !ok || !ok2 {
+			return ""
+		}
+		return string(addr)
+	})
 }

@@ -27,6 +27,7 @@ import (
 	"flag"
 	"fmt"
 	"log"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -77,8 +78,13 @@ func main() {
 		defer cancel()
 		_ = srv.Shutdown(sctx)
 	}()
-	log.Printf("fake-triton (a stand-in for Triton) serving on %s, models %q", addr, cfg.Models)
-	if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		log.Fatalf("fake-triton: %v", err)
+	}
+	// The bound address, so that --addr 127.0.0.1:0 can be used: the e2e tests read it.
+	log.Printf("fake-triton (a stand-in for Triton) serving on %s, models %q", ln.Addr(), cfg.Models)
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		log.Fatalf("fake-triton: %v", err)
 	}
 }
