@@ -57,17 +57,7 @@ func TestParseWorkTimeout(t *testing.T) {
 // and the first applied.
 func TestWorkTimeoutRefusedBodyChangesNothing(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	j := &job{cfg: Config{ControlListener: ln}, timeoutChanged: make(chan struct{}, 1)}
-	j.timeout.Store(int64(time.Minute))
-	stop, err := j.startControl()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
+	j, ln := controlledJob(t)
 	for _, body := range []string{`{"timeout": 5}{"timeout": 86400}`, `{"timeout": 5} ]`, `{"timeout": 1e300}`, `{"timeout": 9223372037}`} {
 		resp, err := noKeepAlive.Post("http://"+ln.Addr().String()+"/work-timeout", "application/json", strings.NewReader(body))
 		if err != nil {
@@ -111,4 +101,22 @@ func FuzzParseWorkTimeout(f *testing.F) {
 			t.Fatalf("%q accepted as %v, want %v", body, d, want)
 		}
 	})
+}
+
+// controlledJob is a job with a one-minute work timeout whose control endpoint listens
+// on ln, stopped when the test ends.
+func controlledJob(t *testing.T) (*job, net.Listener) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := &job{cfg: Config{ControlListener: ln}, timeoutChanged: make(chan struct{}, 1)}
+	j.timeout.Store(int64(time.Minute))
+	stop, err := j.startControl()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	return j, ln
 }

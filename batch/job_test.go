@@ -752,17 +752,7 @@ func TestRunLeavesNoConnectionsOpen(t *testing.T) {
 // so do other clients that set no type. The body is JSON whatever the header says.
 func TestWorkTimeoutAcceptsCurlDefaultContentType(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	j := &job{cfg: Config{ControlListener: ln}, timeoutChanged: make(chan struct{}, 1)}
-	j.timeout.Store(int64(time.Minute))
-	stop, err := j.startControl()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
+	j, ln := controlledJob(t)
 	for _, ct := range []string{"application/x-www-form-urlencoded", "text/plain"} {
 		resp, err := noKeepAlive.Post("http://"+ln.Addr().String()+"/work-timeout", ct, strings.NewReader(`{"timeout": 1600}`))
 		if err != nil {
