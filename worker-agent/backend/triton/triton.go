@@ -458,12 +458,17 @@ func (b *Backend) Health(ctx context.Context) error {
 // load: the worker then stays unavailable, saying how to fix it, rather than take a task
 // each health interval only to refuse it at its load. It asks again with an unload of
 // the model whose load was refused, which Triton refuses likewise or, in explicit mode,
-// takes: a no-op for a model not loaded (TRITON.md), and one a restarted Triton
-// preloaded is memory the agent does not count anyway.
+// takes: a no-op for a model not loaded (TRITON.md). Not once the inventory counts that
+// model as loaded (a Triton restarted with it preloaded): the unload would drop a model
+// the dispatcher routes here, so the question is left to the next load, which a Triton
+// still not in explicit mode refuses again.
 func (b *Backend) checkModelControl(ctx context.Context) error {
 	b.mu.Lock()
 	refused := b.refused
 	var m *modelOps
+	if refused != nil && b.loaded[refused.Model] {
+		b.refused, refused = nil, nil
+	}
 	if refused != nil {
 		m = b.ops(refused.Model)
 	}

@@ -876,3 +876,32 @@ func TestAbandonedLoadStillLoadingKeepsItsRoom(t *testing.T) {
 		t.Fatalf("big is %q after small loaded, want it gone", st)
 	}
 }
+
+// A Triton restarted in explicit mode with the refused model preloaded: once the
+// inventory counts the model as loaded, Health must not ask again with an unload of it,
+// which would drop a model the dispatcher routes here (a label miss nobody counted).
+func TestHealthDoesNotUnloadAModelItHolds(t *testing.T) {
+	x := setup(t, fake.Config{Models: []string{"a"}, NotExplicit: true}, nil)
+	if err := x.b.WaitStarted(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := x.b.Load(t.Context(), "a"); err == nil {
+		t.Fatal("load in not-explicit mode succeeded")
+	}
+	x.fake.SetNotExplicit(false)
+	resp, err := http.Post(x.srv.URL+"/v2/repository/models/a/load", "application/json", nil) // --load-model=a at restart
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	inv, err := x.b.Inventory(t.Context())
+	if err != nil || !slices.Contains(inv.Loaded, "a") {
+		t.Fatalf("Inventory = %+v, %v; want a loaded", inv, err)
+	}
+	if err := x.b.Health(t.Context()); err != nil {
+		t.Fatalf("Health = %v", err)
+	}
+	if st := x.fake.State("a"); st != fake.StateReady {
+		t.Fatalf("after Health, model a (held: Inventory said loaded) is %q, want READY", st)
+	}
+}
