@@ -442,3 +442,35 @@ func TestUnloadedTellsEvictionsFromStrayEvents(t *testing.T) {
 	}
 	check(t, b.s)
 }
+
+// A load the worker refused, or whose attempt ended before it began, was never made:
+// its entry goes, so a later stray LOAD_FAILED for the label does not count, and so
+// does the eviction it named once the worker confirms the label kept. Before, both
+// stayed for the connection's life, one per label a producer named.
+func TestRefusedLoadLeavesNothingAsked(t *testing.T) {
+	b := setup(t, Config{LabelFailureThreshold: 1, MaxAttempts: 100})
+	b.worker("w", 1, 1, "kept")
+	for i := range 20 {
+		tk := b.task(fmt.Sprintf("l%d", i))
+		b.submit(tk)
+		if tk.WorkerID() != "w" {
+			t.Fatalf("task %s not on w", tk.ID)
+		}
+		if _, err := b.s.Requeue("w", tk); err != nil { // the agent refused it
+			t.Fatal(err)
+		}
+		if !b.s.Cancel(tk) {
+			t.Fatalf("task %s not queued after the refusal", tk.ID)
+		}
+		b.s.LabelLoaded("w", "kept") // confirmKept: the label to evict stayed
+	}
+	if w := b.s.workers["w"]; len(w.loadsAsked) != 0 || len(w.evictsAsked) != 0 {
+		t.Fatalf("loadsAsked %v, evictsAsked %v after refused loads only", w.loadsAsked, w.evictsAsked)
+	}
+	b.worker("good", 1, 1, "l0")
+	b.s.LabelLoadFailed("w", "l0", "stray")
+	if _, _, failing := b.s.LabelFailing("l0"); failing {
+		t.Fatal("a LOAD_FAILED for a load w refused marked l0 failing for the fleet")
+	}
+	check(t, b.s)
+}

@@ -587,7 +587,9 @@ func (s *Scheduler) release(w *worker, label string, loaded, unstarted bool) {
 			// The load this copy was assigned for has not started (no LOADING event),
 			// and the attempt that ended did not start it: the worker does not hold the
 			// label. Another attempt may still load it; LOADED then revives the copy.
+			// No LOAD_FAILED will come for this load: it is no longer one asked.
 			s.doom(w, h)
+			delete(w.loadsAsked, label)
 		}
 		if h.doomed && h.inUse == 0 {
 			s.dropHeld(w, i)
@@ -704,6 +706,7 @@ func (s *Scheduler) LabelLoaded(workerID, label string) *Outcome {
 		return out
 	}
 	delete(w.loadsAsked, label)
+	delete(w.evictsAsked, label) // kept after all (the agent's confirmation of a refused eviction)
 	if i := w.find(label); i >= 0 {
 		// A load that works ends the label's bad run. Only for a copy in the view: the
 		// agent also confirms labels it kept (see confirmKept), which proves nothing

@@ -273,7 +273,6 @@ func splitList(s string) []string {
 	return out
 }
 
-// given reports whether the flag was set on the command line.
 // resolvePolicy reconciles --random-dispatch, the seed's switch, with --policy. Either may
 // come from the command line or the environment: the command line wins, as for every
 // flag, and the two set at the same level to different policies are refused rather than
@@ -301,6 +300,7 @@ func resolvePolicy(fs *flag.FlagSet, random bool, policy string) (scheduler.Poli
 	return scheduler.PolicyRandom, nil
 }
 
+// given reports whether the flag was set on the command line.
 func given(fs *flag.FlagSet, name string) bool {
 	found := false
 	fs.Visit(func(f *flag.Flag) { found = found || f.Name == name })
