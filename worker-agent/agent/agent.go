@@ -507,9 +507,9 @@ func (a *agent) connect(ctx context.Context) (*session, error) {
 	if a.cfg.WorkerToken != "" {
 		header.Set("Authorization", credential.Header(a.cfg.WorkerToken))
 	}
-	// gorilla/websocket (v1.5.3) heeds ctx only while connecting and in TLS: a dispatcher
-	// (or proxy) that takes the connection and never answers the upgrade would hold a
-	// shutdown for HandshakeTimeout. So the connection is closed on shutdown from the
+	// gorilla/websocket (the v1.5.4 pseudo-version the workspace builds) heeds ctx only
+	// while connecting and in TLS: a dispatcher (or proxy) that takes the connection and
+	// never answers the upgrade would hold a shutdown for HandshakeTimeout. So the connection is closed on shutdown from the
 	// moment it exists until the handshake is over; the session watches it after that.
 	var unwatch func() bool
 	d := *a.dialer

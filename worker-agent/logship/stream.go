@@ -75,9 +75,9 @@ func (s *Shipper) session() (welcomed bool, err error) {
 		header.Set("Authorization", credential.Header(s.cfg.Token))
 	}
 	// Past CloseTimeout any read or write in progress ends at once: the connection is
-	// closed. From the dial on, since gorilla/websocket (v1.5.3) heeds dctx's
-	// cancellation only while connecting and in TLS: the upgrade's request and
-	// response would wait out HandshakeTimeout, past CloseTimeout.
+	// closed. From the dial on, since gorilla/websocket (the v1.5.4 pseudo-version the
+	// workspace builds) heeds dctx's cancellation only while connecting and in TLS: the
+	// upgrade's request and response would wait out HandshakeTimeout, past CloseTimeout.
 	var unwatch func() bool
 	d := *s.dialer
 	d.NetDialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
