@@ -21,7 +21,17 @@ type Dist struct {
 	Stddev Duration `json:"stddev,omitempty"`
 }
 
+// maxDistDuration bounds every duration a distribution names: a task's deadline is at
+// most 24 h in the dispatcher (timeout_ms), and far larger ones overflowed the virtual
+// clock (292 years of nanoseconds) once a few tasks were added up.
+const maxDistDuration = 24 * time.Hour
+
 func (d Dist) validate() error {
+	for name, v := range map[string]Duration{"value": d.Value, "min": d.Min, "max": d.Max, "mean": d.Mean, "stddev": d.Stddev} {
+		if v.D() > maxDistDuration {
+			return fmt.Errorf("%s %v is over %v", name, v.D(), maxDistDuration)
+		}
+	}
 	switch d.Kind {
 	case "fixed":
 		if d.Value < 0 {

@@ -170,6 +170,9 @@ func (sc Scenario) Validate() error {
 		if sc.Arrival.WaitAvg < 0 || sc.Arrival.WaitStddev < 0 || sc.Arrival.MinWait < 0 {
 			bad("arrival waits must not be negative")
 		}
+		if max(sc.Arrival.WaitAvg, sc.Arrival.WaitStddev, sc.Arrival.MinWait).D() > maxDistDuration {
+			bad("arrival waits must be at most %v", maxDistDuration)
+		}
 	case "poisson":
 		if (sc.Arrival.Rate > 0) == (sc.Arrival.Utilisation > 0) {
 			bad("arrival: give exactly one of rate and utilisation for poisson arrivals")
