@@ -41,6 +41,15 @@ type fakeDispatcher struct {
 // (it is not retried, as a GET is).
 var noKeepAlive = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 
+// answerFirstLineOnly answers line 1 and holds every later line until the job lets go
+// of it: a job stopped mid-run, with one line written.
+func answerFirstLineOnly(ctx context.Context, _ runTaskBody, line, _ int) (int, string) {
+	if line > 1 {
+		<-ctx.Done()
+	}
+	return http.StatusOK, ""
+}
+
 func newFakeDispatcher(t *testing.T, answer func(ctx context.Context, req runTaskBody, line, nth int) (int, string)) *fakeDispatcher {
 	t.Helper()
 	f := &fakeDispatcher{answer: answer, seen: map[int]int{}, arrivedCh: make(chan int, 100000), answeredCh: make(chan int, 100000)}
@@ -1269,12 +1278,7 @@ func TestResumeWithAnotherLabelFieldIsRefused(t *testing.T) {
 // which fills the bar: the operator saw 5/5 (100%) for a job that wrote one line of five.
 func TestInterruptedProgressBarShowsWhatWasWritten(t *testing.T) {
 	t.Parallel()
-	f := newFakeDispatcher(t, func(ctx context.Context, _ runTaskBody, line, _ int) (int, string) {
-		if line > 1 {
-			<-ctx.Done()
-		}
-		return http.StatusOK, ""
-	})
+	f := newFakeDispatcher(t, answerFirstLineOnly)
 	cfg := setup(t, f, taskLines(5))
 	cfg.Order, cfg.Concurrency = OrderFile, 1
 	var bar syncBuffer
@@ -1300,12 +1304,7 @@ func TestInterruptedProgressBarShowsWhatWasWritten(t *testing.T) {
 // the stop's checkpoint then recorded lines a power cut could have lost.
 func TestFailedSyncBlocksEveryLaterCheckpoint(t *testing.T) {
 	t.Parallel()
-	f := newFakeDispatcher(t, func(ctx context.Context, _ runTaskBody, line, _ int) (int, string) {
-		if line > 1 {
-			<-ctx.Done() // answered when the job lets go
-		}
-		return http.StatusOK, ""
-	})
+	f := newFakeDispatcher(t, answerFirstLineOnly)
 	cfg := setup(t, f, taskLines(3))
 	cfg.Order, cfg.Concurrency, cfg.CheckpointInterval = OrderFile, 1, 5*time.Millisecond
 	var syncs atomic.Int32

@@ -2,10 +2,8 @@ package batch
 
 import (
 	"bytes"
-	"context"
 	"encoding/binary"
 	"errors"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,12 +18,7 @@ import (
 func TestSecondInterruptEndsAHungStop(t *testing.T) {
 	t.Parallel()
 	bin := buildBatch(t)
-	f := newFakeDispatcher(t, func(ctx context.Context, _ runTaskBody, line, _ int) (int, string) {
-		if line > 1 {
-			<-ctx.Done()
-		}
-		return http.StatusOK, ""
-	})
+	f := newFakeDispatcher(t, answerFirstLineOnly)
 	cfg := setup(t, f, taskLines(5))
 	cp := cfg.Output + ".checkpoint"
 	cmd := dieWithTest(exec.Command(bin, "--dispatcher", f.srv.URL, "--input", cfg.Input, "--output", cfg.Output,

@@ -169,12 +169,7 @@ func TestInterrupt(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			f := newFakeDispatcher(t, func(ctx context.Context, _ runTaskBody, line, _ int) (int, string) {
-				if line > 1 {
-					<-ctx.Done() // answered when the job lets go
-				}
-				return http.StatusOK, ""
-			})
+			f := newFakeDispatcher(t, answerFirstLineOnly)
 			cfg := setup(t, f, taskLines(5))
 			cp := cfg.Output + ".checkpoint"
 			// Only the fresh job's checkpoint and the one at the stop are written.
