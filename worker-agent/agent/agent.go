@@ -28,6 +28,7 @@ import (
 	"github.com/smartroute/smartroute/worker-agent/backend"
 	"github.com/smartroute/smartroute/worker-agent/backend/sim"
 	"github.com/smartroute/smartroute/worker-agent/backend/triton"
+	"github.com/smartroute/smartroute/worker-agent/internal/wsdial"
 	"github.com/smartroute/smartroute/worker-agent/logship"
 )
 
@@ -507,23 +508,12 @@ func (a *agent) connect(ctx context.Context) (*session, error) {
 	if a.cfg.WorkerToken != "" {
 		header.Set("Authorization", credential.Header(a.cfg.WorkerToken))
 	}
-	// gorilla/websocket (the v1.5.4 pseudo-version the workspace builds) heeds ctx only
-	// while connecting and in TLS: a dispatcher (or proxy) that takes the connection and
-	// never answers the upgrade would hold a shutdown for HandshakeTimeout. So the connection is closed on shutdown from the
-	// moment it exists until the handshake is over; the session watches it after that.
-	var unwatch func() bool
-	d := *a.dialer
-	d.NetDialContext = func(dctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := a.dialer.NetDialContext(dctx, network, addr)
-		if err == nil {
-			unwatch = context.AfterFunc(ctx, func() { _ = c.Close() })
-		}
-		return c, err
-	}
+	// Shutdown closes the connection from the moment it exists until the handshake is
+	// over (the upgrade would otherwise wait out HandshakeTimeout); the session watches
+	// it after that.
+	d, unwatch := wsdial.Watched(a.dialer, ctx)
 	conn, resp, err := d.DialContext(ctx, a.cfg.DispatcherURL, header)
-	if unwatch != nil {
-		unwatch()
-	}
+	unwatch()
 	if err != nil {
 		return nil, dialError(resp, err)
 	}

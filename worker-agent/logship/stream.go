@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/smartroute/smartroute/proto/credential"
 	pb "github.com/smartroute/smartroute/proto/smartroutev1"
+	"github.com/smartroute/smartroute/worker-agent/internal/wsdial"
 )
 
 // errFlushed ends a session after Close once everything was acknowledged.
@@ -75,23 +75,11 @@ func (s *Shipper) session() (welcomed bool, err error) {
 		header.Set("Authorization", credential.Header(s.cfg.Token))
 	}
 	// Past CloseTimeout any read or write in progress ends at once: the connection is
-	// closed. From the dial on, since gorilla/websocket (the v1.5.4 pseudo-version the
-	// workspace builds) heeds dctx's cancellation only while connecting and in TLS: the
-	// upgrade's request and response would wait out HandshakeTimeout, past CloseTimeout.
-	var unwatch func() bool
-	d := *s.dialer
-	d.NetDialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-		if err == nil {
-			unwatch = context.AfterFunc(s.hardStop, func() { _ = c.Close() })
-		}
-		return c, err
-	}
+	// closed, from the dial on (the upgrade would otherwise wait out HandshakeTimeout).
+	d, unwatch := wsdial.Watched(s.dialer, s.hardStop)
+	defer unwatch()
 	conn, resp, err := d.DialContext(dctx, s.url, header)
 	cancel()
-	if unwatch != nil {
-		defer unwatch()
-	}
 	if err != nil {
 		return false, dialError(resp, err)
 	}
