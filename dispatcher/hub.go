@@ -666,10 +666,7 @@ func (h *hub) onResult(wc *workerConn, res *pb.TaskResult) {
 		h.log.Debug().Str("worker_id", wc.id).Str("task_id", res.GetTaskId()).Str("label", rec.sched.Label).Str("reason", res.GetError()).Msg("label load failed; task runs elsewhere")
 		// A failed load is still a load the task paid for: in its answer, if this was
 		// its last attempt, and in the load metrics.
-		loadTime := reportedDuration(res.GetLoadDurationUs())
-		rec.labelMiss = rec.labelMiss || res.GetLabelMiss()
-		rec.loadTime += loadTime
-		h.met.result(rec, res, loadTime)
+		h.recordLoad(rec, res, reportedDuration(res.GetLoadDurationUs()))
 		h.apply(out)
 		return
 	}
@@ -682,10 +679,8 @@ func (h *hub) onResult(wc *workerConn, res *pb.TaskResult) {
 		h.log.Error().Err(err).Str("worker_id", wc.id).Str("task_id", res.GetTaskId()).Msg("complete")
 		return
 	}
-	rec.labelMiss = rec.labelMiss || res.GetLabelMiss()
-	rec.loadTime += loadTime
+	h.recordLoad(rec, res, loadTime)
 	rec.runTime = runTime
-	h.met.result(rec, res, loadTime)
 	switch {
 	case res.GetOk():
 		rec.result = result
@@ -698,6 +693,14 @@ func (h *hub) onResult(wc *workerConn, res *pb.TaskResult) {
 		h.finish(rec, statusFailed, http.StatusBadGateway, "worker error: "+res.GetError())
 	}
 	h.apply(out)
+}
+
+// recordLoad adds what an attempt's result says of its label's load to the task's
+// record (its answer's label_miss and load_ms) and to the metrics. Caller holds h.mu.
+func (h *hub) recordLoad(rec *taskRecord, res *pb.TaskResult, loadTime time.Duration) {
+	rec.labelMiss = rec.labelMiss || res.GetLabelMiss()
+	rec.loadTime += loadTime
+	h.met.result(rec, res, loadTime)
 }
 
 // maxReportedDuration bounds a load or run time a worker reports: a task's deadline
