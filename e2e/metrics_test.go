@@ -26,9 +26,9 @@ func scrape(url string) (int, string) {
 func TestMetricsFromRealProcesses(t *testing.T) {
 	t.Parallel()
 	s := startStack(t, stackOpts{workers: 0, loadTime: time.Millisecond, runTime: time.Millisecond})
-	ops := "http://" + freeAddr(t)
-	start(t, "worker-agent#metrics", "--dispatcher-url", "ws://"+s.addr+"/worker-listen", "--worker-id", "met",
-		"--agents", "2", "--metrics-addr", strings.TrimPrefix(ops, "http://"), "--pprof")
+	agents := start(t, "worker-agent#metrics", "--dispatcher-url", "ws://"+s.addr+"/worker-listen", "--worker-id", "met",
+		"--agents", "2", "--metrics-addr", "127.0.0.1:0", "--pprof")
+	ops := "http://" + loggedAddr(t, agents, jsonAddr("agent ops endpoints listening"))
 	s.waitWorkers(2)
 	s.eventually("agents ready", func() bool { code, _ := scrape(ops + "/readyz"); return code == 200 })
 	for i := 0; i < 3; i++ {

@@ -8,7 +8,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -125,20 +124,6 @@ func (p *proc) wait(t *testing.T, within time.Duration) error {
 		t.Fatalf("%s did not exit within %v", p.name, within)
 		return nil
 	}
-}
-
-// freeAddr returns a loopback address nothing listens on right now. Another process
-// may take it before the one it is handed to listens: processes that log their bound
-// address are started on 127.0.0.1:0 instead (loggedAddr). Only the agent's
-// --metrics-addr, which the agent does not log, still uses this.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 // loggedAddr waits, up to 20 s, for p to log the address it listens on and returns it;

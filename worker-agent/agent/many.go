@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/rs/zerolog"
+
 	"github.com/smartroute/smartroute/worker-agent/backend/triton"
 )
 
@@ -27,11 +29,18 @@ func RunMany(ctx context.Context, cfg Config, n int) error {
 		if cfg.Metrics == nil {
 			cfg.Metrics = NewMetrics()
 		}
-		stop, err := serveOps(cfg.MetricsAddr, cfg.Metrics, cfg.Pprof)
+		stop, addr, err := serveOps(cfg.MetricsAddr, cfg.Metrics, cfg.Pprof)
 		if err != nil {
 			return err
 		}
 		defer stop()
+		// The bound address, so that --metrics-addr :0 (tests, several agents on one
+		// host) can be found.
+		d := cfg.WithDefaults()
+		if lvl, err := zerolog.ParseLevel(d.LogLevel); err == nil {
+			log := zerolog.New(d.LogOutput).Level(lvl).With().Timestamp().Str("worker_id", d.WorkerID).Logger()
+			log.Info().Str("addr", addr).Bool("pprof", cfg.Pprof).Msg("agent ops endpoints listening")
+		}
 	}
 	if n == 1 {
 		return Run(ctx, cfg)

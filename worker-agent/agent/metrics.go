@@ -253,12 +253,12 @@ func (m *Metrics) Handler(withPprof bool) http.Handler {
 	return mux
 }
 
-// serveOps serves m.Handler on addr from now until stop is called; it fails only if
-// addr cannot be listened on.
-func serveOps(addr string, m *Metrics, withPprof bool) (stop func(), err error) {
+// serveOps serves m.Handler on addr from now until stop is called, and returns the
+// address it listens on; it fails only if addr cannot be listened on.
+func serveOps(addr string, m *Metrics, withPprof bool) (stop func(), bound string, err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("MetricsAddr (--metrics-addr): %w", err)
+		return nil, "", fmt.Errorf("MetricsAddr (--metrics-addr): %w", err)
 	}
 	srv := &http.Server{Handler: m.Handler(withPprof), ReadHeaderTimeout: 10 * time.Second}
 	served := make(chan error, 1)
@@ -268,5 +268,5 @@ func serveOps(addr string, m *Metrics, withPprof bool) (stop func(), err error) 
 		defer cancel()
 		_ = srv.Shutdown(sctx)
 		<-served // ErrServerClosed, or an accept error that ended serving earlier
-	}, nil
+	}, ln.Addr().String(), nil
 }
