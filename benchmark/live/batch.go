@@ -37,6 +37,9 @@ type BatchResult struct {
 	// records): the same loads as Job.LabelMisses seen from the fleet's side.
 	AgentLabelLoads int    `json:"agent_label_loads"`
 	OutDir          string `json:"out_dir"`
+	// EarlyExits are the processes that died before the cluster was stopped: the job
+	// ran on a smaller fleet than asked for, and the agents' count may be partial.
+	EarlyExits []string `json:"early_exits,omitempty"`
 }
 
 // Validate checks bc before anything is built or started: the fleet, the input, and
@@ -138,8 +141,16 @@ func BatchCompare(ctx context.Context, bc BatchCompareConfig, stdout io.Writer) 
 		}
 		results = append(results, r)
 	}
+	// A process that died fails the comparison, as it fails `run`: reported after the
+	// results, which show what the job did without it.
+	var died []error
+	for _, r := range results {
+		for _, e := range r.EarlyExits {
+			died = append(died, fmt.Errorf("%s order: %s", r.Order, e))
+		}
+	}
 	if bc.JSON {
-		return json.NewEncoder(stdout).Encode(results)
+		return errors.Join(json.NewEncoder(stdout).Encode(results), errors.Join(died...))
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "order\tlines\tcompleted\trejected\tlabel loads (answers)\tlabel loads (agents)\twall s\titems/s\t")
@@ -147,7 +158,11 @@ func BatchCompare(ctx context.Context, bc BatchCompareConfig, stdout io.Writer) 
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%.1f\t%.0f\t\n", r.Order, r.Job.Lines, r.Job.Completed, r.Job.Rejected,
 			r.Job.LabelMisses, r.AgentLabelLoads, r.Job.Seconds, r.Job.PerSec)
 	}
-	return tw.Flush()
+	err = tw.Flush()
+	for _, e := range died {
+		fmt.Fprintf(stdout, "\nNote: %s\n", e)
+	}
+	return errors.Join(err, errors.Join(died...))
 }
 
 func runBatchOrder(ctx context.Context, cfg Config, bc BatchCompareConfig, bins binaries, order batch.Order, dir string) (BatchResult, error) {
@@ -181,6 +196,9 @@ func runBatchOrder(ctx context.Context, cfg Config, bc BatchCompareConfig, bins 
 		return BatchResult{}, err
 	}
 	r := BatchResult{Order: order, Job: s, AgentLabelLoads: ws.LabelMisses, OutDir: dir}
+	for _, err := range cl.earlyExits() {
+		r.EarlyExits = append(r.EarlyExits, err.Error())
+	}
 	b, _ := json.MarshalIndent(r, "", "  ")
 	if err := os.WriteFile(filepath.Join(dir, summaryFile), b, 0o644); err != nil {
 		return BatchResult{}, err

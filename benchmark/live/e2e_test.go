@@ -13,11 +13,13 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/smartroute/smartroute/batch"
 	"github.com/smartroute/smartroute/benchmark/report"
 )
 
@@ -272,6 +274,61 @@ func TestEndToEnd(t *testing.T) {
 		}
 	})
 
+	t.Run("batch-compare", func(t *testing.T) {
+		t.Parallel()
+		pids := &pidLog{}
+		bc := BatchCompareConfig{Cluster: e2eConfig(t, binDir, pids), Input: batchInput(t, 30)}
+		var stdout bytes.Buffer
+		if err := BatchCompare(t.Context(), bc, &stdout); err != nil {
+			t.Fatal(err)
+		}
+		pids.assertAllGone(t, 2*(2+bc.Cluster.NumWorkers)) // one cluster per order
+		out := stdout.String()
+		// Each order ran all 30 lines, none rejected, and the agents' logs count as many
+		// loads as the dispatcher's answers.
+		for _, order := range []string{"label", "file"} {
+			row := regexp.MustCompile(`(?m)^ *` + order + ` +30 +30 +0 +(\d+) +(\d+) `).FindStringSubmatch(out)
+			if row == nil || row[1] != row[2] || row[1] == "0" {
+				t.Errorf("no row for order %s with 30 lines done and the loads agreeing:\n%s", order, out)
+			}
+		}
+		if strings.Contains(out, "Note:") {
+			t.Errorf("notes on a clean run:\n%s", out)
+		}
+	})
+
+	t.Run("batch-compare fails after its table when a process dies", func(t *testing.T) {
+		t.Parallel()
+		pids := &pidLog{}
+		bc := BatchCompareConfig{Cluster: e2eConfig(t, binDir, pids), Input: batchInput(t, 30), Orders: []batch.Order{batch.OrderLabel}}
+		victim := agentID(bc.Cluster.NumWorkers)
+		var agent *process // written before the job starts, by startCluster's goroutine
+		bc.Cluster.onProcessStart = func(p *process) {
+			pids.started(p)
+			if p.name == victim {
+				agent = p
+			}
+		}
+		var once sync.Once
+		bc.Cluster.Progress = writerFunc(func(p []byte) (int, error) {
+			once.Do(func() { // the job's first redraw: before the cluster is stopped
+				agent.cmd.Process.Kill()
+				<-agent.done
+			})
+			return len(p), nil
+		})
+		var stdout bytes.Buffer
+		err := BatchCompare(t.Context(), bc, &stdout)
+		pids.assertAllGone(t, 2+bc.Cluster.NumWorkers)
+		want := "label order: " + victim + " exited by itself before it was stopped (signal: killed"
+		if err == nil || !strings.Contains(err.Error(), want) || errors.Is(err, ErrConfig) {
+			t.Errorf("err = %v; want a run error saying %q", err, want)
+		}
+		if out := stdout.String(); !strings.Contains(out, "label loads (agents)") || !strings.Contains(out, "Note: "+want) {
+			t.Errorf("want the table with a note of the lost agent:\n%s", out)
+		}
+	})
+
 	t.Run("triton backend", func(t *testing.T) {
 		t.Parallel()
 		pids := &pidLog{}
@@ -335,6 +392,20 @@ func TestEndToEnd(t *testing.T) {
 		}
 		pids.assertAllGone(t, 2+cfg.NumWorkers) // the collector, the dispatcher and the agents
 	})
+}
+
+// batchInput writes a batch job's input of n tasks over three labels.
+func batchInput(t *testing.T, n int) string {
+	t.Helper()
+	var b strings.Builder
+	for i := 1; i <= n; i++ {
+		fmt.Fprintf(&b, `{"id":%d,"label":"label-%d","task_type":"sample_task","parameters":{"n":%d}}`+"\n", i, i%3+1, i)
+	}
+	path := filepath.Join(t.TempDir(), "input.jsonl")
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 type writerFunc func([]byte) (int, error)
