@@ -14,6 +14,12 @@ import (
 // check verifies every index against a recomputation from scratch.
 func check(t *testing.T, s *Scheduler) {
 	t.Helper()
+	runningWatched := 0
+	defer func() {
+		if !t.Failed() && runningWatched != len(s.runningDeadline) {
+			t.Fatalf("%d running tasks with a deadline, %d in the running deadline heap", runningWatched, len(s.runningDeadline))
+		}
+	}()
 	for _, w := range s.workers {
 		free := w.isFree()
 		if free != (w.freePos >= 0) || (w.freePos >= 0 && s.free.at(w.freePos) != w) {
@@ -29,8 +35,15 @@ func check(t *testing.T, s *Scheduler) {
 		inUse := map[string]int{}
 		for _, r := range w.running {
 			inUse[r.Label]++
-			if r.state != stateRunning || r.worker != w {
+			if (r.state != stateRunning && r.state != stateOverran) || r.worker != w {
 				t.Fatalf("running task %s bad state", r.ID)
+			}
+			watched := r.state == stateRunning && !r.Deadline.IsZero()
+			if watched != (r.heapIdx >= 0) || (watched && s.runningDeadline[r.heapIdx] != r) {
+				t.Fatalf("running task %s (state %d) heapIdx=%d in the running deadline heap wrongly", r.ID, r.state, r.heapIdx)
+			}
+			if watched {
+				runningWatched++
 			}
 			if r.excludes(w.id) {
 				t.Fatalf("task %s runs on %s, where its label failed to load", r.ID, w.id)
@@ -196,10 +209,15 @@ func TestRandomOperationsKeepIndexesTrue(t *testing.T) {
 				case 9:
 					b.clock.advance(time.Duration(r.IntN(500)) * time.Millisecond)
 					b.s.Expire()
+					b.s.ExpireRunning(time.Duration(r.IntN(1000)) * time.Millisecond)
 					if r.IntN(3) == 0 && len(tasks) > 0 {
 						b.s.Cancel(tasks[r.IntN(len(tasks))])
 					}
 				case 10:
+					if r.IntN(2) == 0 { // the late result of an overrun attempt
+						endOverrun(b.s, r.IntN(2) == 0, r.IntN(2) == 0)
+						break
+					}
 					for _, tk := range tasks {
 						if tk.Running() {
 							b.s.Abandon(tk)
@@ -217,6 +235,22 @@ func TestRandomOperationsKeepIndexesTrue(t *testing.T) {
 					b.s.SetLoadable(fmt.Sprintf("w%d", r.IntN(5)), loadable)
 				}
 				check(t, b.s)
+			}
+		}
+	}
+}
+
+// endOverrun ends the first overrun attempt found, as its worker's late result does.
+func endOverrun(s *Scheduler, loaded, failed bool) {
+	for i := range 5 {
+		w := s.workers[fmt.Sprintf("w%d", i)]
+		if w == nil {
+			continue
+		}
+		for _, t := range w.running {
+			if t.state == stateOverran {
+				s.EndOverrun(w.id, t.ID, t.Attempt, Observation{Loaded: loaded, Failed: failed, LoadTime: time.Second})
+				return
 			}
 		}
 	}

@@ -146,6 +146,9 @@ const (
 	// FailNoWorkerCanLoad: workers are connected, and none of them can load the
 	// task's label (their backends list what they can load, and it is not there).
 	FailNoWorkerCanLoad
+	// FailOverrun: the task's worker ran it past its deadline by the grace given to
+	// ExpireRunning and has not answered.
+	FailOverrun
 )
 
 func (r FailReason) String() string {
@@ -160,6 +163,8 @@ func (r FailReason) String() string {
 		return "label is failing to load"
 	case FailNoWorkerCanLoad:
 		return "no connected worker can load the label"
+	case FailOverrun:
+		return "worker overran the deadline and did not answer"
 	}
 	return "unknown"
 }
@@ -181,6 +186,8 @@ type Failure struct {
 	// LoadError is the last load error of the task's label, for FailLoad and
 	// FailLabelFailing.
 	LoadError string
+	// WorkerID is the worker that overran the task, for FailOverrun.
+	WorkerID string
 }
 
 // Outcome is what a call decided. Its slices are reused by the next call.
@@ -216,6 +223,9 @@ type Scheduler struct {
 	nextSeq  uint64
 	useTick  uint64
 	deadline deadlineHeap
+	// runningDeadline holds the running attempts that have a deadline, so that
+	// ExpireRunning finds the overrun ones without walking every worker.
+	runningDeadline deadlineHeap
 
 	out Outcome
 	// now is the clock reading of the call in progress, taken once by reset: every
@@ -380,6 +390,11 @@ func (s *Scheduler) RemoveWorker(id string) (*Outcome, error) {
 	for i := len(lost) - 1; i >= 0; i-- {
 		t := lost[i]
 		t.worker = nil
+		s.unwatchDeadline(t)
+		if t.state == stateOverran { // answered already: only its slot was held
+			t.state = stateDone
+			continue
+		}
 		if t.Attempt >= s.cfg.MaxAttempts {
 			s.failSpent(t)
 			continue
@@ -557,7 +572,7 @@ func (s *Scheduler) Complete(workerID string, t *Task, obs Observation) (*Outcom
 	if err != nil {
 		return out, err
 	}
-	w.unrun(i, t)
+	s.unrun(w, i, t)
 	t.state = stateDone
 	s.observe(t.Label, obs)
 	if i := w.find(t.Label); i >= 0 && obs.RunTime > 0 {
@@ -614,17 +629,25 @@ func (s *Scheduler) runningOn(workerID string, t *Task) (*worker, int, error) {
 }
 
 // unrun removes t, at index i of w.running, from the worker.
-func (w *worker) unrun(i int, t *Task) {
+func (s *Scheduler) unrun(w *worker, i int, t *Task) {
 	w.running[i] = w.running[len(w.running)-1]
 	w.running[len(w.running)-1] = nil
 	w.running = w.running[:len(w.running)-1]
 	t.worker = nil
+	s.unwatchDeadline(t)
+}
+
+// unwatchDeadline takes a task that stops running out of runningDeadline.
+func (s *Scheduler) unwatchDeadline(t *Task) {
+	if t.heapIdx >= 0 {
+		heap.Remove(&s.runningDeadline, t.heapIdx)
+	}
 }
 
 // takeBack removes a running task, at index i of w.running, from its worker without
 // refilling the worker.
 func (s *Scheduler) takeBack(w *worker, i int, t *Task, unstarted bool) {
-	w.unrun(i, t)
+	s.unrun(w, i, t)
 	s.release(w, t.Label, false, unstarted)
 }
 
@@ -677,6 +700,57 @@ func (s *Scheduler) Expire() *Outcome {
 	out := s.reset()
 	s.expireDue()
 	return out
+}
+
+// ExpireRunning fails, with FailOverrun, every running attempt whose deadline passed
+// grace or more ago: its worker was told the deadline and has not answered since (a
+// backend call that ignores cancellation, a hung agent). The task leaves the
+// scheduler, as with Abandon, but its slot stays busy, since the worker never said it
+// stopped: a stand-in holds it until the worker's late result (EndOverrun) or its
+// removal, and is never requeued. The owner should tell the worker to cancel the
+// attempt. The cost is that of the attempts expired: the running attempts are in a
+// heap by deadline.
+func (s *Scheduler) ExpireRunning(grace time.Duration) *Outcome {
+	out := s.reset()
+	cutoff := s.now.Add(-grace)
+	for len(s.runningDeadline) > 0 && !s.runningDeadline[0].Deadline.After(cutoff) {
+		t := heap.Pop(&s.runningDeadline).(*Task)
+		w := t.worker
+		i := w.runningIndex(t)
+		// A copy the owner never sees: t goes back to the owner, who answers it, and
+		// the scheduler keeps no pointer into an answered task's record.
+		w.running[i] = &Task{ID: t.ID, Label: t.Label, Deadline: t.Deadline, Attempt: t.Attempt,
+			Enqueued: t.Enqueued, Started: t.Started, state: stateOverran, worker: w,
+			labelState: t.labelState, heapIdx: -1}
+		t.worker = nil
+		t.state = stateDone
+		out.Failed = append(out.Failed, Failure{Task: t, Reason: FailOverrun, WorkerID: w.id})
+	}
+	return out
+}
+
+// EndOverrun frees the slot a worker's overrun attempt held (see ExpireRunning), now
+// that its late result came, and lets the worker take its next task. It reports
+// false when no attempt of that task overran on that worker. The result teaches the
+// label's load time, not its run time: an overrun is no sample of a normal run.
+func (s *Scheduler) EndOverrun(workerID, taskID string, attempt int, obs Observation) (*Outcome, bool) {
+	out := s.reset()
+	w, ok := s.workers[workerID]
+	if !ok {
+		return out, false
+	}
+	for i, t := range w.running {
+		if t.state != stateOverran || t.ID != taskID || t.Attempt != attempt {
+			continue
+		}
+		s.unrun(w, i, t)
+		t.state = stateDone
+		s.observe(t.Label, Observation{Loaded: obs.Loaded, LoadTime: obs.LoadTime})
+		s.release(w, t.Label, obs.Loaded, obs.Failed && !obs.Loaded)
+		s.fill(w)
+		return out, true
+	}
+	return out, false
 }
 
 // NextDeadline is the earliest deadline among queued tasks.
@@ -1221,6 +1295,10 @@ func (s *Scheduler) assign(w *worker, h *heldLabel, t *Task) {
 	t.Attempt++
 	t.Started = s.now
 	w.running = append(w.running, t)
+	t.heapIdx = -1
+	if !t.Deadline.IsZero() {
+		heap.Push(&s.runningDeadline, t)
+	}
 	t.labelState = h.state
 	h.inUse++
 	s.useTick++

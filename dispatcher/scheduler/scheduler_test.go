@@ -1022,3 +1022,75 @@ func TestLastAttemptPastItsDeadlineFailsAsLate(t *testing.T) {
 		})
 	}
 }
+
+// An attempt its worker overran by the grace fails with FailOverrun, naming the
+// worker, and leaves the scheduler; its slot stays busy until the worker's late
+// result, which frees it and starts the next task.
+func TestExpireRunningKeepsTheSlotUntilTheLateResult(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	b.worker("w1", 2, 1, "a")
+	hung := b.task("a")
+	hung.Deadline = b.clock.now.Add(time.Second)
+	one(t, b.submit(hung))
+	next := b.task("a")
+	none(t, b.submit(next))
+
+	b.clock.advance(time.Second + 4*time.Second)
+	if out := b.s.ExpireRunning(5 * time.Second); len(out.Failed) != 0 {
+		t.Fatalf("failed before the grace was over: %+v", out.Failed)
+	}
+	b.clock.advance(time.Second)
+	out := b.s.ExpireRunning(5 * time.Second)
+	if len(out.Failed) != 1 || out.Failed[0].Task != hung || out.Failed[0].Reason != FailOverrun || out.Failed[0].WorkerID != "w1" {
+		t.Fatalf("want hung failed with FailOverrun on w1, got %+v", out.Failed)
+	}
+	none(t, out.Assigned)
+	if hung.Running() || hung.WorkerID() != "" {
+		t.Fatal("the overrun task is still the scheduler's")
+	}
+	if v, _ := b.s.Worker("w1"); v.Running != 1 {
+		t.Fatalf("w1 runs %d, want its overrun slot still busy", v.Running)
+	}
+	if !next.Queued() {
+		t.Fatal("the next task started on the overrun slot")
+	}
+	if _, err := b.s.Complete("w1", hung, Observation{}); !errors.Is(err, ErrUnknownTask) {
+		t.Fatalf("Complete of the answered task: %v, want ErrUnknownTask", err)
+	}
+	if _, ok := b.s.EndOverrun("w1", hung.ID, hung.Attempt+1, Observation{}); ok {
+		t.Fatal("a result of another attempt ended the overrun")
+	}
+	end, ok := b.s.EndOverrun("w1", hung.ID, hung.Attempt, Observation{Failed: true})
+	if !ok {
+		t.Fatal("the late result did not end the overrun")
+	}
+	if a := one(t, end.Assigned); a.Task != next {
+		t.Fatalf("the freed slot took %s, want %s", a.Task.ID, next.ID)
+	}
+	if _, ok := b.s.EndOverrun("w1", hung.ID, hung.Attempt, Observation{}); ok {
+		t.Fatal("a second late result ended the overrun again")
+	}
+}
+
+// A worker that leaves with an overrun attempt: the answered task is not requeued.
+func TestRemovedWorkerDoesNotRequeueAnOverrunTask(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	b.worker("w1", 2, 1, "a")
+	hung := b.task("a")
+	hung.Deadline = b.clock.now.Add(time.Second)
+	one(t, b.submit(hung))
+	b.clock.advance(10 * time.Second)
+	if out := b.s.ExpireRunning(5 * time.Second); len(out.Failed) != 1 {
+		t.Fatalf("want the attempt overrun, got %+v", out.Failed)
+	}
+	b.worker("w2", 2, 1, "a")
+	out, err := b.s.RemoveWorker("w1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Assigned) != 0 || len(out.Failed) != 0 || b.s.QueuedTasks() != 0 {
+		t.Fatalf("the overrun task came back: assigned %+v, failed %+v, queued %d", out.Assigned, out.Failed, b.s.QueuedTasks())
+	}
+}

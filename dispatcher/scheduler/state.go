@@ -8,6 +8,9 @@ const (
 	stateNew taskState = iota
 	stateQueued
 	stateRunning
+	// stateOverran marks a stand-in that holds the slot of an attempt its worker overran
+	// (see ExpireRunning): the task itself is done, the worker has not said it stopped.
+	stateOverran
 	stateDone
 )
 
@@ -44,7 +47,9 @@ type Task struct {
 	freeing    string
 	// Links in the global queue and in the label's queue.
 	global, byLabel links
-	heapIdx         int
+	// heapIdx is the task's place in the scheduler's deadline heap while it is queued,
+	// or in its runningDeadline heap while it runs (never both); -1 when in neither.
+	heapIdx int
 }
 
 // Queued reports whether the task is waiting in the queue.
@@ -315,7 +320,8 @@ func (l *taskList) remove(t *Task) {
 	lt.prev, lt.next = nil, nil
 }
 
-// deadlineHeap orders queued tasks that have a deadline, earliest first.
+// deadlineHeap orders tasks that have a deadline, earliest first: the queued ones
+// (Scheduler.deadline) or the running ones (Scheduler.runningDeadline).
 type deadlineHeap []*Task
 
 func (h deadlineHeap) Len() int           { return len(h) }
