@@ -42,10 +42,7 @@ type hub struct {
 	// released are the journaled tasks let go to the journal at shutdown, still shown
 	// by GET /tasks/{id} (queued: the next start runs them) while the shutdown lasts.
 	released map[string]*taskRecord
-	// overdue wakes synchronous producers whose worker overran the deadline. It locks
-	// itself.
-	overdue *overdueWheel
-	met     *metrics // per-label children guarded by mu; see metrics.go
+	met      *metrics // per-label children guarded by mu; see metrics.go
 	// journal keeps asynchronous tasks across restarts; nil when Config.DataDir is
 	// empty. It locks itself.
 	journal *journal
@@ -71,7 +68,6 @@ func newHub(cfg Config) (*hub, error) {
 		active:   make(map[string]*taskRecord),
 		workers:  make(map[string]*workerConn),
 		finished: newRetention(cfg.TaskRetention, cfg.TaskRetentionCount, cfg.TaskRetentionBytes, cfg.Clock),
-		overdue:  newOverdueWheel(cfg.Clock.Now()),
 	}
 	h.met = newMetrics(h, cfg.MetricsMaxLabels)
 	h.envelope.Body = &pb.Envelope_Assignment{Assignment: &h.assignment}
@@ -479,6 +475,8 @@ func (h *hub) apply(out *scheduler.Outcome) {
 			status = http.StatusServiceUnavailable
 			msg = fmt.Sprintf("no connected worker can load label %q: none of the %d workers' backends lists it (a model name misspelt, or not in the model repository?)",
 				f.Task.Label, len(h.workers))
+		case scheduler.FailOverrun:
+			msg = h.overran(f)
 		}
 		h.met.failedTask(rec, failReasonOf(f.Reason))
 		h.finish(rec, statusFailed, status, msg)
@@ -541,17 +539,57 @@ func (h *hub) idleCheck() {
 	}
 }
 
-// tick fails queued tasks whose deadline passed, lets free workers reconsider tasks
-// that have waited too long, drops answers whose retention is over, and wakes
-// producers whose worker overran its deadline.
+// overdueGrace is how long past a task's deadline its worker may take to answer
+// before the hub answers for it: the worker was told the deadline and stops the
+// attempt by itself, so a correct one has answered by then.
+const overdueGrace = 5 * time.Second
+
+// tick fails queued tasks whose deadline passed and running ones whose worker overran
+// it by overdueGrace, lets free workers reconsider tasks that have waited too long,
+// and drops answers whose retention is over.
 func (h *hub) tick() {
 	h.mu.Lock()
+	defer h.mu.Unlock()
 	h.apply(h.sched.Expire())
+	h.apply(h.sched.ExpireRunning(overdueGrace))
 	h.apply(h.sched.Rebalance())
-	now := h.clock.Now()
-	h.finished.sweep(now)
-	h.mu.Unlock()
-	h.overdue.sweep(now)
+	h.finished.sweep(h.clock.Now())
+}
+
+// overran deals with an attempt whose worker overran the task's deadline by
+// overdueGrace and has not answered (a backend call that ignores cancellation, a hung
+// agent): the task is answered 504 now, rather than stay running for ever, and the
+// worker is told to cancel the attempt. Its slot stays busy in the scheduler until
+// the worker answers (endOverrun) or leaves. It returns the answer's error. Caller
+// holds mu.
+func (h *hub) overran(f scheduler.Failure) string {
+	h.log.Warn().Str("task_id", f.Task.ID).Str("worker_id", f.WorkerID).Str("label", f.Task.Label).
+		Int("attempt", f.Task.Attempt).Time("deadline", f.Task.Deadline).
+		Msg("worker overran the task's deadline and did not answer; task failed with 504, attempt cancelled")
+	if wc := h.workers[f.WorkerID]; wc != nil {
+		h.sendControl(wc, &pb.Envelope{Body: &pb.Envelope_Cancel{Cancel: &pb.Cancel{
+			TaskId: f.Task.ID, Attempt: uint32(f.Task.Attempt), Reason: "deadline overrun: the dispatcher answered the task"}}})
+	}
+	return fmt.Sprintf("deadline exceeded: worker %q overran it by %v and did not answer; its attempt was cancelled",
+		f.WorkerID, overdueGrace)
+}
+
+// endOverrun takes a result of an attempt its worker overran (see overran): the task
+// has its answer already, so the result only frees the attempt's slot. It reports
+// false for a result of no such attempt. Caller holds mu.
+func (h *hub) endOverrun(wc *workerConn, res *pb.TaskResult) bool {
+	out, ok := h.sched.EndOverrun(wc.id, res.GetTaskId(), int(res.GetAttempt()), scheduler.Observation{
+		Loaded:   res.GetLabelMiss() && !res.GetLoadFailed(),
+		LoadTime: reportedDuration(res.GetLoadDurationUs()),
+		Failed:   !res.GetOk() || res.GetRefused() || res.GetLoadFailed(),
+	})
+	if !ok {
+		return false
+	}
+	h.log.Info().Str("worker_id", wc.id).Str("task_id", res.GetTaskId()).Uint32("attempt", res.GetAttempt()).
+		Msg("late result of an overrun attempt dropped; its slot is free again")
+	h.apply(out)
+	return true
 }
 
 // viewOf snapshots a record under the lock.
@@ -644,6 +682,9 @@ func (h *hub) onResult(wc *workerConn, res *pb.TaskResult) {
 	}
 	rec := h.active[res.GetTaskId()]
 	if rec == nil || rec.sched.WorkerID() != wc.id || uint32(rec.sched.Attempt) != res.GetAttempt() {
+		if h.endOverrun(wc, res) {
+			return
+		}
 		h.log.Debug().Str("worker_id", wc.id).Str("task_id", res.GetTaskId()).Uint32("attempt", res.GetAttempt()).Msg("stale result dropped")
 		return
 	}

@@ -30,10 +30,11 @@ const (
 	failLoad                              // the label failed to load on every worker tried (502)
 	failLabelFailing                      // the label is marked failing (503)
 	failNoWorkerCanLoad                   // no connected worker can load the label (503)
+	failWorkerOverran                     // the worker overran the deadline by overdueGrace without answering (504)
 	numFailReasons
 )
 
-var failReasonNames = [numFailReasons]string{"deadline", "worker_error", "workers_lost", "shutdown", "load_failed", "label_failing", "no_worker_can_load"}
+var failReasonNames = [numFailReasons]string{"deadline", "worker_error", "workers_lost", "shutdown", "load_failed", "label_failing", "no_worker_can_load", "worker_overran"}
 
 // failReasonOf maps a scheduler failure to its metric reason.
 func failReasonOf(r scheduler.FailReason) failReason {
@@ -46,6 +47,8 @@ func failReasonOf(r scheduler.FailReason) failReason {
 		return failLabelFailing
 	case scheduler.FailNoWorkerCanLoad:
 		return failNoWorkerCanLoad
+	case scheduler.FailOverrun:
+		return failWorkerOverran
 	}
 	return failDeadline
 }
@@ -94,7 +97,7 @@ func newMetrics(h *hub, maxLabels int) *metrics {
 		scheduleEvery: scheduleSampleEvery,
 		received:      counter("tasks_received_total", "Tasks accepted by POST /run-task (resubmitted ids and refusals not counted).", "label"),
 		completed:     counter("tasks_completed_total", "Tasks answered with a worker's successful result.", "label"),
-		failed:        counter("tasks_failed_total", "Tasks answered with a failure, by reason: deadline, worker_error, workers_lost, shutdown, load_failed, label_failing, no_worker_can_load.", "label", "reason"),
+		failed:        counter("tasks_failed_total", "Tasks answered with a failure, by reason: deadline, worker_error, workers_lost, shutdown, load_failed, label_failing, no_worker_can_load, worker_overran.", "label", "reason"),
 		hits:          counter("label_hits_total", "Tasks completed on a worker that already held their label.", "label"),
 		loads:         counter("label_loads_total", "Task results that report a label load (label misses).", "label"),
 		evictions:     counter("evictions_total", "Labels workers unloaded, by the evicted label.", "label"),

@@ -168,7 +168,7 @@ smartroute_dispatcher_queued_tasks_total 1
 		}
 	}
 	failed := `
-# HELP smartroute_dispatcher_tasks_failed_total Tasks answered with a failure, by reason: deadline, worker_error, workers_lost, shutdown, load_failed, label_failing, no_worker_can_load.
+# HELP smartroute_dispatcher_tasks_failed_total Tasks answered with a failure, by reason: deadline, worker_error, workers_lost, shutdown, load_failed, label_failing, no_worker_can_load, worker_overran.
 # TYPE smartroute_dispatcher_tasks_failed_total counter
 smartroute_dispatcher_tasks_failed_total{label="c",reason="shutdown"} 1
 smartroute_dispatcher_tasks_failed_total{label="c",reason="worker_error"} 1

@@ -5,80 +5,134 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	pb "github.com/smartroute/smartroute/proto/smartroutev1"
 )
 
-func closed(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
+// overrun runs task id (timeout 1 s) on worker w, which never answers, and moves the
+// clock past its deadline and overdueGrace; the hub's tick then answers the task. It
+// returns the attempt.
+func overrun(t *testing.T, b *bundle, clock *testClock, w *fakeWorker, id string) *pb.TaskAssignment {
+	t.Helper()
+	a := w.assignment()
+	if a.TaskId != id {
+		t.Fatalf("assignment of %s, want %s", a.TaskId, id)
 	}
-}
-
-func TestOverdueWheelClosesOnceTheMomentPassed(t *testing.T) {
-	t0 := time.Unix(1_700_000_000, 0)
-	w := newOverdueWheel(t0)
-	at := t0.Add(2500 * time.Millisecond)
-	ch := w.after(at)
-	if ch != w.after(t0.Add(2900*time.Millisecond)) {
-		t.Fatal("moments in the same second got different channels")
-	}
-	w.sweep(t0.Add(2 * time.Second))
-	if closed(ch) {
-		t.Fatal("closed before its moment")
-	}
-	w.sweep(t0.Add(3 * time.Second))
-	if !closed(ch) {
-		t.Fatal("still open a second after its moment")
-	}
-	if !closed(w.after(at)) {
-		t.Fatal("a moment already swept past must be closed at once")
-	}
-}
-
-func TestOverdueWheelSurvivesAClockJump(t *testing.T) {
-	t0 := time.Unix(1_700_000_000, 0)
-	w := newOverdueWheel(t0)
-	near, far := w.after(t0.Add(time.Second)), w.after(t0.Add(48*time.Hour))
-	w.sweep(t0.Add(24 * time.Hour))
-	if !closed(near) || closed(far) {
-		t.Fatalf("after a day: near closed=%v (want true), far closed=%v (want false)", closed(near), closed(far))
-	}
-	if len(w.buckets) != 1 {
-		t.Fatalf("%d buckets left, want 1", len(w.buckets))
-	}
-}
-
-// A worker that overruns its task's deadline and never reports back does not leave the
-// producer waiting forever: once overdueGrace has passed, it gets 504, and the task
-// stays visible as running.
-func TestOverdueTaskAnswers504(t *testing.T) {
-	t.Parallel()
-	// Just past a whole second, so that the moment's second is rounded up by almost a
-	// whole second: the worst case for "answered within a second of its moment".
-	clock := &testClock{now: time.Now().Truncate(time.Second).Add(5 * time.Millisecond)}
-	waiting := make(chan string, 1)
-	b := setup(t, Config{Clock: clock, onWait: func(id string) { waiting <- id }})
-	w := b.dial("w1", "m")
-	ans := b.postAsync(`{"task_id":"slow","task_type":"x","label":"m","timeout_ms":1000}`)
-	w.assignment() // and never answer
-	<-waiting
-	overdueAt := b.d.hub.known("slow").sched.Deadline.Add(overdueGrace)
 	clock.advance(time.Second + overdueGrace - 10*time.Millisecond)
 	b.d.hub.tick()
-	if closed(b.d.hub.overdue.after(overdueAt)) {
-		t.Fatal("producer released before the grace was over")
+	if code, v := b.get("/tasks/" + id); code != 200 || v["status"] != "running" {
+		t.Fatalf("GET /tasks/%s before the grace was over: %d %v, want it running", id, code, v)
 	}
-	// A second past the moment: the wheel answers within a second of it, as its
-	// second is rounded up. One second from the step above (0.99 s past the moment)
-	// left the producer waiting whenever the moment fell in a second's first 10 ms.
-	clock.advance(time.Second + 10*time.Millisecond)
-	got := <-ans // the background tick closes the wheel's second
-	if got.status != 504 || !strings.Contains(fmt.Sprint(got.body["error"]), "still running") {
-		t.Fatalf("answer %v, want 504 saying the task is still running", got)
+	clock.advance(10 * time.Millisecond)
+	b.d.hub.tick()
+	b.answered(id)
+	c := w.read().GetCancel()
+	if c == nil || c.GetTaskId() != id || c.GetAttempt() != a.Attempt {
+		t.Fatalf("want a Cancel of %s attempt %d, got %v", id, a.Attempt, c)
 	}
-	if code, v := b.get("/tasks/slow"); code != 200 || v["status"] != "running" {
-		t.Fatalf("GET /tasks/slow: %d %v, want the task still running", code, v)
+	return a
+}
+
+// A worker that overruns its task's deadline and never answers does not leave the task
+// running for ever: overdueGrace after the deadline the task fails with 504 naming the
+// worker, its producer gets that answer, and the worker is told to cancel. The
+// worker's slot stays busy until its late result, which frees it and changes nothing
+// of the answer.
+func TestOverrunTaskFailsAndKeepsTheSlotUntilTheLateResult(t *testing.T) {
+	t.Parallel()
+	clock := &testClock{now: time.Now()}
+	waiting := make(chan string, 1)
+	b := setup(t, Config{Clock: clock, onWait: func(id string) { waiting <- id }})
+	w := b.dial("w1", "m") // one slot
+	ans := b.postAsync(`{"task_id":"slow","task_type":"x","label":"m","timeout_ms":1000}`)
+	<-waiting
+	if code, _ := b.post("/run-task", `{"task_id":"next","task_type":"x","label":"m","return_result":false}`); code != 202 {
+		t.Fatalf("second task: %d", code)
+	}
+	a := overrun(t, b, clock, w, "slow")
+
+	got := <-ans
+	msg := fmt.Sprint(got.body["error"])
+	if got.status != 504 || got.body["status"] != "failed" || got.body["worker_id"] != "w1" ||
+		!strings.Contains(msg, `worker "w1" overran`) || !strings.Contains(msg, "did not answer") {
+		t.Fatalf("answer %v, want 504 failed saying w1 overran the deadline and did not answer", got)
+	}
+	if code, v := b.get("/tasks/slow"); code != 200 || v["status"] != "failed" || v["error"] != msg {
+		t.Fatalf("GET /tasks/slow: %d %v, want the same failure", code, v)
+	}
+	if n := testutil.ToFloat64(b.d.hub.met.failed.WithLabelValues("m", "worker_overran")); n != 1 {
+		t.Fatalf("failed{reason=worker_overran} = %v, want 1", n)
+	}
+	// The worker has not said it stopped: its slot is still taken.
+	if _, v := b.get("/tasks/next"); v["status"] != "queued" {
+		t.Fatalf("next task %v, want it queued behind the overrun slot", v)
+	}
+	if d := b.d.hub.workerDetails(); len(d) != 1 || d[0].Running != 1 {
+		t.Fatalf("worker detail %+v, want w1 running 1", d)
+	}
+
+	w.finish(a, true, `"late"`) // the backend call returned at last
+	if n := w.assignment(); n.TaskId != "next" {
+		t.Fatalf("the freed slot took %s, want next", n.TaskId)
+	}
+	if code, v := b.get("/tasks/slow"); code != 200 || v["status"] != "failed" || v["result"] != nil {
+		t.Fatalf("GET /tasks/slow after the late result: %d %v, want the 504 unchanged", code, v)
+	}
+	if code, v := b.post("/run-task", `{"task_id":"slow","task_type":"x","label":"m"}`); code != 504 || v["error"] != msg {
+		t.Fatalf("resubmission of slow: %d %v, want its 504", code, v)
+	}
+}
+
+// The worker of an overrun attempt leaving does not bring the answered task back:
+// another worker gets the next task, not it.
+func TestOverrunTaskIsNotRequeuedWhenItsWorkerLeaves(t *testing.T) {
+	t.Parallel()
+	clock := &testClock{now: time.Now()}
+	b := setup(t, Config{Clock: clock})
+	w1 := b.dial("w1", "m")
+	if code, _ := b.post("/run-task", `{"task_id":"slow","task_type":"x","label":"m","timeout_ms":1000,"return_result":false}`); code != 202 {
+		t.Fatalf("submit: %d", code)
+	}
+	overrun(t, b, clock, w1, "slow")
+	w2 := b.dial("w2", "m")
+	wc := b.registered("w1")
+	w1.ws.Close()
+	b.awaitGone(wc)
+	if code, _ := b.post("/run-task", `{"task_id":"probe","task_type":"x","label":"m","return_result":false}`); code != 202 {
+		t.Fatalf("probe: %d", code)
+	}
+	if a := w2.assignment(); a.TaskId != "probe" {
+		t.Fatalf("w2 was given %s, want probe: the overrun task came back", a.TaskId)
+	}
+	if _, v := b.get("/tasks/slow"); v["status"] != "failed" {
+		t.Fatalf("slow after its worker left: %v", v)
+	}
+}
+
+// A journaled task's overrun answer is journaled: the next start serves it and does
+// not run the task again.
+func TestOverrunAnswerIsJournaled(t *testing.T) {
+	dir := t.TempDir()
+	clock := &testClock{now: time.Now()}
+	first := setupJournaled(t, dir, clock)
+	w := first.dial("w1", "m")
+	if code, _ := first.post("/run-task", `{"task_id":"j-slow","task_type":"x","label":"m","timeout_ms":1000,"return_result":false}`); code != 202 {
+		t.Fatalf("submit: %d", code)
+	}
+	overrun(t, first, clock, w, "j-slow")
+	if err := first.d.Close(); err != nil { // crash
+		t.Fatal(err)
+	}
+
+	second := setupJournaled(t, dir, clock)
+	if code, v := second.get("/tasks/j-slow"); code != 200 || v["status"] != "failed" || !strings.Contains(fmt.Sprint(v["error"]), "overran") {
+		t.Fatalf("after restart: %d %v, want the overrun failure", code, v)
+	}
+	w2 := second.dial("w2", "m")
+	second.post("/run-task", `{"task_id":"probe","task_type":"x","label":"m","return_result":false}`)
+	if a := w2.assignment(); a.TaskId != "probe" {
+		t.Fatalf("w2 was given %s, want probe: the answered task ran again", a.TaskId)
 	}
 }

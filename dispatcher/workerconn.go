@@ -149,6 +149,9 @@ func (wc *workerConn) flush() {
 	}
 }
 
+// closedChan is flushed's answer when nothing waits to be written.
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
 // flushed returns a channel that is closed once the frames queued so far are written
 // (or the connection is closing and will write no more).
 func (wc *workerConn) flushed() <-chan struct{} {

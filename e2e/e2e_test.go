@@ -76,8 +76,8 @@ func TestAsyncThenGet(t *testing.T) {
 
 // A task whose deadline passes while it runs gets 504 from the worker's cancellation.
 // The task would run an hour: a 504 that is the worker's failed result (not the
-// dispatcher's "still running" answer, once the worker has overrun by a grace period)
-// means the worker stopped at the deadline, however long it took to say so.
+// dispatcher's answer for a worker that overran the deadline by a grace period without
+// a word) means the worker stopped at the deadline, however long it took to say so.
 func TestDeadlineWhileRunning(t *testing.T) {
 	t.Parallel()
 	s := startStack(t, stackOpts{workers: 1, loadTime: time.Millisecond, runTime: time.Hour})
