@@ -103,3 +103,50 @@ func BenchmarkWaitEstimate(b *testing.B) {
 		s.loadBeatsWait("label-1", ls, 3)
 	}
 }
+
+// BenchmarkBusyFleet measures Submit then Complete on a fleet whose other slots are all
+// busy (1,000 workers of 4 slots, 3,999 attempts running), with and without task
+// deadlines: the difference is what keeping running attempts in a deadline heap (for
+// ExpireRunning) costs a task.
+func BenchmarkBusyFleet(b *testing.B) {
+	for _, withDeadline := range []bool{false, true} {
+		b.Run(fmt.Sprintf("deadline=%v", withDeadline), func(b *testing.B) {
+			clock := &fakeClock{now: time.Unix(0, 0)}
+			s, err := New(Config{Seed: 1}, clock)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for i := 0; i < 1000; i++ {
+				if _, err := s.AddWorker(WorkerSpec{ID: fmt.Sprintf("w%d", i), MaxLabels: 1, Slots: 4, Labels: []string{"m"}}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			deadline := func(i int) time.Time {
+				if !withDeadline {
+					return time.Time{}
+				}
+				return clock.now.Add(time.Minute + time.Duration(i%1000)*time.Millisecond)
+			}
+			busy := make([]Task, 3999)
+			for i := range busy {
+				busy[i] = Task{ID: fmt.Sprint(i), Label: "m", Deadline: deadline(i)}
+				if out, err := s.Submit(&busy[i]); err != nil || len(out.Assigned) != 1 {
+					b.Fatalf("submit %d: %v %+v", i, err, out)
+				}
+			}
+			var task Task
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				task = Task{ID: "t", Label: "m", Deadline: deadline(i)}
+				out, err := s.Submit(&task)
+				if err != nil || len(out.Assigned) != 1 {
+					b.Fatalf("submit: %v %+v", err, out)
+				}
+				if _, err := s.Complete(out.Assigned[0].WorkerID, &task, Observation{RunTime: time.Millisecond}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
