@@ -105,8 +105,8 @@ func (d *Dispatcher) Close() error {
 	return d.hub.journal.close()
 }
 
-// Handler is the dispatcher's HTTP handler, for tests and embedding. Deadlines of
-// queued tasks and worker pings run only while Run or RunBackground is running.
+// Handler is the dispatcher's HTTP handler, for tests and embedding. Deadlines and
+// worker pings run only while Run or RunBackground is running.
 func (d *Dispatcher) Handler() http.Handler { return d.echo }
 
 // Registry is the registry GET /metrics serves; a program embedding the dispatcher
@@ -325,11 +325,12 @@ func (d *Dispatcher) uploadModel(c echo.Context) error {
 }
 
 // RunBackground does the dispatcher's periodic work until ctx ends: it fails queued
-// tasks whose deadline passed, rebalances waiting tasks, and pings every worker. Run
-// starts it; a program that serves Handler itself must start it too.
+// tasks whose deadline passed and running ones whose worker overran it without
+// answering, rebalances waiting tasks, and pings every worker. Run starts it; a
+// program that serves Handler itself must start it too.
 func (d *Dispatcher) RunBackground(ctx context.Context) {
 	// Deadlines are checked on a short tick rather than with a timer per task: the
-	// heap makes a check cheap, and 20ms is well inside any useful deadline.
+	// heaps make a check cheap, and 20ms is well inside any useful deadline.
 	t := time.NewTicker(20 * time.Millisecond)
 	defer t.Stop()
 	// Pings go on beside, not in this loop: a ping can wait out a stuck socket's
