@@ -98,3 +98,18 @@ func TestChartRefusesAFullNameTooLongForItsObjects(t *testing.T) {
 		t.Error("a 48-character full name without the collector rendered")
 	}
 }
+
+// pprof has no auth: dispatcher.pprofPort serves it on the pod's loopback, which
+// kubectl port-forward reaches (it connects inside the pod) and other pods do not.
+func TestChartDispatcherPprofListensOnLoopbackOnly(t *testing.T) {
+	r := mustRender(t, nil, allOnValues)
+	c := container(t, one[*appsv1.Deployment](t, r, "sr-smartroute-dispatcher").Spec.Template.Spec, "dispatcher")
+	if got := env(c)["PPROF_ADDR"].Value; got != "127.0.0.1:6060" {
+		t.Errorf("PPROF_ADDR = %q, want 127.0.0.1:6060 (dispatcher.pprofPort on loopback)", got)
+	}
+	for _, p := range c.Ports {
+		if p.ContainerPort == 6060 {
+			t.Errorf("container port %+v declared for a loopback-only listener", p)
+		}
+	}
+}
