@@ -90,3 +90,37 @@ func TestTritonPreStopOutlastsTheDrain(t *testing.T) {
 		t.Errorf("preStop as long as the grace period: %v", err)
 	}
 }
+
+// NOTES' curl commands work as printed: with TLS the dispatcher's certificate names its
+// Service, so every https URL dials the Service's name (--resolve points it at the node
+// or at the port-forward), or curl refuses the certificate.
+func TestChartNotesCurlVerifiesTheDispatcherCertificate(t *testing.T) {
+	clusterIP := map[string]any{"dispatcher": map[string]any{"service": map[string]any{"type": "ClusterIP"}}}
+	url := regexp.MustCompile(`https?://([^/:\s]+)(:\d+)?/health`)
+	for _, tc := range []struct {
+		name      string
+		overrides map[string]any
+		files     []string
+		want      string
+	}{
+		{"NodePort with TLS", nil, []string{allOnValues},
+			"curl --cacert ca.crt --resolve sr-smartroute-dispatcher:30080:<node-ip> https://sr-smartroute-dispatcher:30080/health"},
+		{"ClusterIP with TLS", clusterIP, []string{allOnValues},
+			"curl --cacert ca.crt --resolve sr-smartroute-dispatcher:8080:127.0.0.1 https://sr-smartroute-dispatcher:8080/health"},
+		{"NodePort without TLS", nil, []string{kindValues}, "curl http://<node-ip>:30080/health"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			notes := mustRender(t, tc.overrides, tc.files...).notes
+			if !strings.Contains(notes, tc.want) {
+				t.Errorf("NOTES lack %q:\n%s", tc.want, notes)
+			}
+			for _, l := range strings.Split(notes, "\n") {
+				for _, m := range url.FindAllStringSubmatch(l, -1) {
+					if strings.HasPrefix(m[0], "https:") && m[1] != "sr-smartroute-dispatcher" {
+						t.Errorf("NOTES curl %q: the certificate names sr-smartroute-dispatcher, not %s", l, m[1])
+					}
+				}
+			}
+		})
+	}
+}

@@ -40,6 +40,7 @@ const (
 // rendered is one chart rendering: every manifest decoded into its typed object.
 type rendered struct {
 	objects []any
+	notes   string // NOTES.txt as helm install prints it
 }
 
 // render renders the chart as `helm template` would, for the values files given (later ones
@@ -86,7 +87,7 @@ func renderChart(t testing.TB, c *chart.Chart, vals map[string]any) (*rendered, 
 	if err != nil {
 		return nil, err
 	}
-	r := &rendered{}
+	r := &rendered{notes: files[c.Name()+"/templates/NOTES.txt"]}
 	for _, name := range slices.Sorted(maps.Keys(files)) {
 		if !strings.HasSuffix(name, ".yaml") || strings.TrimSpace(files[name]) == "" {
 			continue // NOTES.txt, helpers, templates switched off
