@@ -147,7 +147,12 @@ type scaledObject struct {
 		MaxReplicaCount *int32 `json:"maxReplicaCount"`
 		PollingInterval *int32 `json:"pollingInterval"`
 		CooldownPeriod  *int32 `json:"cooldownPeriod"`
-		Triggers        []struct {
+		Advanced        *struct {
+			HorizontalPodAutoscalerConfig *struct {
+				Behavior *autoscalingv2.HorizontalPodAutoscalerBehavior `json:"behavior"`
+			} `json:"horizontalPodAutoscalerConfig"`
+		} `json:"advanced"`
+		Triggers []struct {
 			Type     string            `json:"type"`
 			Metadata map[string]string `json:"metadata"`
 		} `json:"triggers"`

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
 )
 
 // Found by a review of the chart against the binaries: each renders, and each would
@@ -111,5 +112,38 @@ func TestChartDispatcherPprofListensOnLoopbackOnly(t *testing.T) {
 		if p.ContainerPort == 6060 {
 			t.Errorf("container port %+v declared for a loopback-only listener", p)
 		}
+	}
+}
+
+// KEDA's spec.cooldownPeriod only delays scaling to 0, and minReplicas is at least 1:
+// workers.autoscaling.cooldownPeriod must reach the scale-down window of the HPA that
+// KEDA makes (its advanced behavior), as it does the chart's own HPA.
+func TestChartAutoscalerScaleDownWaitsTheCooldownPeriod(t *testing.T) {
+	window := func(b *autoscalingv2.HorizontalPodAutoscalerBehavior) any {
+		if b == nil || b.ScaleDown == nil || b.ScaleDown.StabilizationWindowSeconds == nil {
+			return nil
+		}
+		return *b.ScaleDown.StabilizationWindowSeconds
+	}
+	for _, kind := range []string{"keda", "hpa"} {
+		r := mustRender(t, map[string]any{"workers": map[string]any{"autoscaling": map[string]any{
+			"type": kind, "cooldownPeriod": 900}}}, allOnValues)
+		var got any
+		if kind == "keda" {
+			so := one[*scaledObject](t, r, "sr-smartroute-worker")
+			if a := so.Spec.Advanced; a != nil && a.HorizontalPodAutoscalerConfig != nil {
+				got = window(a.HorizontalPodAutoscalerConfig.Behavior)
+			}
+		} else {
+			got = window(one[*autoscalingv2.HorizontalPodAutoscaler](t, r, "sr-smartroute-worker").Spec.Behavior)
+		}
+		if got != int32(900) {
+			t.Errorf("%s: scale-down stabilization window %v, want 900 (workers.autoscaling.cooldownPeriod)", kind, got)
+		}
+	}
+	// The HPA API refuses a window above an hour.
+	_, err := render(t, map[string]any{"workers": map[string]any{"autoscaling": map[string]any{"cooldownPeriod": 3601}}}, allOnValues)
+	if err == nil || !strings.Contains(err.Error(), "cooldownPeriod") {
+		t.Errorf("cooldownPeriod 3601: %v, want an error naming it", err)
 	}
 }
