@@ -260,3 +260,87 @@ func checkDockerignore(t *testing.T, copied map[string]bool) {
 		}
 	}
 }
+
+// versionVar is a version string that -ldflags -X sets at build time.
+var versionVar = regexp.MustCompile(`(?m)^var Version = "`)
+
+// Every `var Version` of a module an image builds (the agent's, which it reports in its
+// hello and to the collector) is stamped from an ARG VERSION with a default, and `task
+// images` passes one: unstamped, every agent in a fleet reports "dev".
+func TestDockerfileStampsTheVersion(t *testing.T) {
+	byName := map[string]stage{}
+	for _, s := range parseDockerfile(t) {
+		byName[s.name] = s
+	}
+	var stamped []string
+	for _, image := range images {
+		build := byName["build-"+image]
+		var run string
+		var arg bool
+		for _, n := range build.nodes {
+			switch {
+			case n.Value == "arg":
+				k, v, _ := strings.Cut(n.Next.Value, "=")
+				arg = arg || k == "VERSION" && v != ""
+			case n.Value == "run" && goBuild.MatchString(n.Original):
+				run = n.Original
+			}
+		}
+		m := goBuild.FindStringSubmatch(run)
+		if m == nil {
+			t.Errorf("stage build-%s has no go build", image)
+			continue
+		}
+		for _, pkg := range versionPackages(t, m[1]) {
+			if !strings.Contains(run, "-X "+pkg+".Version=${VERSION}") {
+				t.Errorf("%s: %s.Version is not stamped: -X %s.Version=${VERSION} missing from %q", image, pkg, pkg, run)
+			}
+			if !arg {
+				t.Errorf("%s: stage build-%s declares no ARG VERSION with a default", image, image)
+			}
+			stamped = append(stamped, pkg)
+		}
+	}
+	if !slices.Contains(stamped, "github.com/smartroute/smartroute/worker-agent/agent") {
+		t.Errorf("found Version variables in %v, not the agent's: did it move?", stamped)
+	}
+	b, err := os.ReadFile(filepath.Join(repoRoot, "Taskfile.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`docker build -f docker/Dockerfile .*--build-arg VERSION=\S`).Match(b) {
+		t.Error("Taskfile.yml's images task passes no --build-arg VERSION")
+	}
+}
+
+// versionPackages returns the import paths of the packages of module dir (relative to the
+// repository root) that declare a var Version.
+func versionPackages(t *testing.T, dir string) []string {
+	t.Helper()
+	root := filepath.Join(repoRoot, dir)
+	b, err := os.ReadFile(filepath.Join(root, "go.mod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	module := modfile.ModulePath(b)
+	var pkgs []string
+	err = filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") || strings.Contains(p, "testdata") {
+			return err
+		}
+		src, err := os.ReadFile(p)
+		if err != nil || !versionVar.Match(src) {
+			return err
+		}
+		rel, err := filepath.Rel(root, filepath.Dir(p))
+		if err != nil {
+			return err
+		}
+		pkgs = append(pkgs, strings.TrimSuffix(module+"/"+filepath.ToSlash(rel), "/."))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pkgs
+}
