@@ -165,7 +165,7 @@ func TestAlertThresholdsAndTemplates(t *testing.T) {
 // the chart refuses that with a message, rather than installing silent alerts.
 func TestAlertsNeedTheServiceMonitor(t *testing.T) {
 	_, err := render(t, map[string]any{"metrics": map[string]any{
-		"serviceMonitor": map[string]any{"enabled": false}, "prometheusRule": map[string]any{"enabled": true}}})
+		"serviceMonitor": map[string]any{"enabled": false}, "prometheusRule": map[string]any{"enabled": true}}}, modelsValues)
 	if err == nil || !strings.Contains(err.Error(), "needs metrics.serviceMonitor.enabled") {
 		t.Fatalf("render error = %v, want one naming metrics.serviceMonitor.enabled", err)
 	}

@@ -26,7 +26,7 @@ func TestTokenRotationRestartsTheCollectorAndTheWorkers(t *testing.T) {
 	var collector corev1.PodTemplateSpec
 	var workers corev1.PodTemplateSpec
 	for i, v := range steps {
-		r := mustRender(t, v)
+		r := mustRender(t, v, modelsValues)
 		c := one[*appsv1.StatefulSet](t, r, "sr-smartroute-log-collector").Spec.Template
 		w := one[*appsv1.Deployment](t, r, "sr-smartroute-worker").Spec.Template
 		if i > 0 && reflect.DeepEqual(collector, c) {
@@ -39,41 +39,70 @@ func TestTokenRotationRestartsTheCollectorAndTheWorkers(t *testing.T) {
 	}
 }
 
-// README's GPU install line as a shell passes it to Helm: the quoting must keep the
-// escaped dots, or Helm nests the keys and the schema refuses the values.
-func TestREADMEGPUInstallLineRenders(t *testing.T) {
+// README's GPU install as a shell passes it to Helm, every --set of it and nothing else:
+// the quoting must keep the escaped dots (or Helm nests the keys and the schema refuses
+// the values), and the values must be enough to render (a model repository above all).
+func TestREADMEGPUInstallRenders(t *testing.T) {
 	b, err := os.ReadFile("../README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := regexp.MustCompile(`(?m)^\s*--set-string (.*nodeSelector.*)$`).FindSubmatch(b)
-	if m == nil {
-		t.Fatal("no --set-string nodeSelector line in README.md")
+	const cmd = "helm install smartroute kubernetes/chart/smartroute"
+	_, rest, ok := strings.Cut(string(b), "\n"+cmd+" ")
+	if !ok {
+		t.Fatalf("no %q in README.md", cmd)
+	}
+	var args strings.Builder
+	for line := range strings.Lines(rest) {
+		args.WriteString(line)
+		if !strings.HasSuffix(strings.TrimRight(line, "\n"), "\\") {
+			break
+		}
 	}
 	if _, err := exec.LookPath("bash"); err != nil {
-		t.Skip("no bash to expand the line")
+		t.Skip("no bash to expand the command")
 	}
-	out, err := exec.Command("bash", "-c", "printf %s "+string(m[1])).Output()
+	out, err := exec.Command("bash", "-c", "printf '%s\\0' "+args.String()).Output()
 	if err != nil {
 		t.Fatal(err)
 	}
+	words := strings.Split(strings.TrimSuffix(string(out), "\x00"), "\x00")
 	vals := map[string]any{}
-	if err := strvals.ParseIntoString(string(out), vals); err != nil {
-		t.Fatal(err)
+	for i := 0; i < len(words); i += 2 {
+		if i+1 == len(words) {
+			t.Fatalf("README's install ends with %q and no value", words[i])
+		}
+		switch flag, v := words[i], words[i+1]; flag {
+		case "--set":
+			err = strvals.ParseInto(v, vals)
+		case "--set-string":
+			err = strvals.ParseIntoString(v, vals)
+		default:
+			t.Fatalf("README's install passes %s, which this test does not read", flag)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
 	}
 	r, err := render(t, vals)
 	if err != nil {
-		t.Fatalf("README's %q reaches Helm as %q and fails: %v", m[1], out, err)
+		t.Fatalf("README's install reaches Helm as %q and fails: %v", words, err)
 	}
-	if sel := one[*appsv1.Deployment](t, r, "sr-smartroute-worker").Spec.Template.Spec.NodeSelector; sel["nvidia.com/gpu.present"] != "true" {
+	w := one[*appsv1.Deployment](t, r, "sr-smartroute-worker")
+	if sel := w.Spec.Template.Spec.NodeSelector; sel["nvidia.com/gpu.present"] != "true" {
 		t.Errorf("node selector %v", sel)
+	}
+	for _, v := range w.Spec.Template.Spec.Volumes {
+		if v.Name == "models" && (v.PersistentVolumeClaim == nil || v.PersistentVolumeClaim.ClaimName != "models") {
+			t.Errorf("README's install mounts %+v as the model repository, want the claim models", v.VolumeSource)
+		}
 	}
 }
 
 // Triton gets SIGTERM only after its preStop wait, so it serves the agent's drain;
 // the wait must end within the pod's grace period.
 func TestTritonPreStopOutlastsTheDrain(t *testing.T) {
-	r := mustRender(t, nil)
+	r := mustRender(t, nil, modelsValues)
 	var triton *corev1.Container
 	containers := one[*appsv1.Deployment](t, r, "sr-smartroute-worker").Spec.Template.Spec.Containers
 	for i := range containers {
@@ -85,7 +114,7 @@ func TestTritonPreStopOutlastsTheDrain(t *testing.T) {
 		strings.Join(triton.Lifecycle.PreStop.Exec.Command, " ") != "sleep 35" {
 		t.Fatalf("triton container's preStop: %+v", triton)
 	}
-	_, err := render(t, map[string]any{"workers": map[string]any{"triton": map[string]any{"preStopSeconds": 45}}})
+	_, err := render(t, map[string]any{"workers": map[string]any{"triton": map[string]any{"preStopSeconds": 45}}}, modelsValues)
 	if err == nil || !strings.Contains(err.Error(), "preStopSeconds must be below") {
 		t.Errorf("preStop as long as the grace period: %v", err)
 	}
@@ -122,5 +151,32 @@ func TestChartNotesCurlVerifiesTheDispatcherCertificate(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// With the defaults (backend triton) and no model repository, /models would be an empty
+// emptyDir that nothing can fill: no worker ever Ready, helm install --wait timing out.
+// The render fails instead, naming the values that give Triton its models.
+func TestChartTritonNeedsAModelRepository(t *testing.T) {
+	_, err := render(t, nil)
+	for _, want := range []string{"workers.modelRepository.existingClaim", "workers.triton.extraArgs", "workers.backend=sim"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("default values: render error %v, want one naming %s", err, want)
+		}
+	}
+	// A repository of Triton's own (object storage) needs no claim, in either flag form.
+	for _, args := range [][]any{{"--model-repository=s3://bucket/models"}, {"--model-repository", "gs://bucket/models"}} {
+		mustRender(t, map[string]any{"workers": map[string]any{"triton": map[string]any{"extraArgs": args}}})
+	}
+	// Another Triton flag is no model repository.
+	if _, err := render(t, map[string]any{"workers": map[string]any{"triton": map[string]any{
+		"extraArgs": []any{"--model-load-thread-count=2"}}}}); err == nil {
+		t.Error("rendered with no model repository, only --model-load-thread-count")
+	}
+	w := one[*appsv1.Deployment](t, mustRender(t, nil, modelsValues), "sr-smartroute-worker")
+	for _, v := range w.Spec.Template.Spec.Volumes {
+		if v.Name == "models" && (v.PersistentVolumeClaim == nil || v.PersistentVolumeClaim.ClaimName != "models" || !v.PersistentVolumeClaim.ReadOnly) {
+			t.Errorf("models volume %+v, want the claim models, read-only", v.VolumeSource)
+		}
 	}
 }

@@ -32,9 +32,12 @@ import (
 const (
 	chartDir    = "chart/smartroute"
 	allOnValues = "ci/values-all-on.yaml"
-	kindValues  = "kind-cfg/values-kind.yaml"
-	release     = "sr"
-	kubeVersion = "1.33.0"
+	// The defaults plus a model repository, which a Triton install cannot do without:
+	// what the tests render (and .ci/run lints) as the default values.
+	modelsValues = "ci/values-models.yaml"
+	kindValues   = "kind-cfg/values-kind.yaml"
+	release      = "sr"
+	kubeVersion  = "1.33.0"
 )
 
 // rendered is one chart rendering: every manifest decoded into its typed object.
@@ -323,7 +326,7 @@ func env(c corev1.Container) map[string]corev1.EnvVar {
 }
 
 func TestChartDefaultValues(t *testing.T) {
-	r := mustRender(t, nil)
+	r := mustRender(t, nil, modelsValues)
 	checkPods(t, r)
 
 	d := one[*appsv1.Deployment](t, r, "sr-smartroute-dispatcher")
@@ -618,7 +621,7 @@ func TestChartRejectsBadValues(t *testing.T) {
 		{"boolean nodeSelector value", map[string]any{"workers": map[string]any{"nodeSelector": map[string]any{"nvidia.com/gpu.present": true}}}, "nodeSelector"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r, err := render(t, tc.overrides)
+			r, err := render(t, tc.overrides, modelsValues)
 			if err == nil {
 				t.Fatalf("rendered %d objects, want an error naming %q", len(r.objects), tc.want)
 			}
@@ -634,12 +637,12 @@ func TestChartRejectsBadValues(t *testing.T) {
 func TestChartAcceptsPunctuationInSecrets(t *testing.T) {
 	punct := "!\"#$%&'()*+-./:;<=>?@[\\]^_`{|}~"
 	mustRender(t, map[string]any{"auth": map[string]any{"workerToken": "t" + punct,
-		"extraWorkerTokens": []any{punct}, "apiKeys": []any{punct + ","}}})
+		"extraWorkerTokens": []any{punct}, "apiKeys": []any{punct + ","}}}, modelsValues)
 }
 
 // The README's GPU install: --set-string workers.nodeSelector.nvidia\.com/gpu\.present=true.
 func TestChartGPUNodeSelector(t *testing.T) {
-	r := mustRender(t, map[string]any{"workers": map[string]any{"nodeSelector": map[string]any{"nvidia.com/gpu.present": "true"}}})
+	r := mustRender(t, map[string]any{"workers": map[string]any{"nodeSelector": map[string]any{"nvidia.com/gpu.present": "true"}}}, modelsValues)
 	w := one[*appsv1.Deployment](t, r, "sr-smartroute-worker")
 	if got := w.Spec.Template.Spec.NodeSelector; got["nvidia.com/gpu.present"] != "true" {
 		t.Errorf("worker nodeSelector = %v, want nvidia.com/gpu.present: \"true\"", got)
@@ -648,7 +651,7 @@ func TestChartGPUNodeSelector(t *testing.T) {
 
 // A slower Triton start reaches the agent's wait too, not only the startup probe.
 func TestChartTritonStartTimeout(t *testing.T) {
-	r := mustRender(t, map[string]any{"workers": map[string]any{"triton": map[string]any{"startupSeconds": 1200}}})
+	r := mustRender(t, map[string]any{"workers": map[string]any{"triton": map[string]any{"startupSeconds": 1200}}}, modelsValues)
 	w := one[*appsv1.Deployment](t, r, "sr-smartroute-worker")
 	if got := env(container(t, w.Spec.Template.Spec, "agent"))["TRITON_START_TIMEOUT"].Value; got != "1200s" {
 		t.Errorf("TRITON_START_TIMEOUT = %q, want 1200s", got)
@@ -663,7 +666,7 @@ func TestChartTritonStartTimeout(t *testing.T) {
 func TestChartWorkerUpdateStrategy(t *testing.T) {
 	for _, tc := range []struct{ surge, unavailable any }{{0, 1}, {"25%", "25%"}} {
 		r := mustRender(t, map[string]any{"workers": map[string]any{
-			"updateStrategy": map[string]any{"maxSurge": tc.surge, "maxUnavailable": tc.unavailable}}})
+			"updateStrategy": map[string]any{"maxSurge": tc.surge, "maxUnavailable": tc.unavailable}}}, modelsValues)
 		w := one[*appsv1.Deployment](t, r, "sr-smartroute-worker")
 		ru := w.Spec.Strategy.RollingUpdate
 		if ru == nil || ru.MaxSurge.String() != fmt.Sprint(tc.surge) || ru.MaxUnavailable.String() != fmt.Sprint(tc.unavailable) {
@@ -678,7 +681,7 @@ func TestChartRejectsBadValuesFile(t *testing.T) {
 	if err := os.WriteFile(bad, []byte("workers:\n  replica: 3\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := render(t, nil, bad); err == nil || !strings.Contains(err.Error(), "replica") {
+	if _, err := render(t, nil, modelsValues, bad); err == nil || !strings.Contains(err.Error(), "replica") {
 		t.Fatalf("render with a misspelt field: %v, want an error naming it", err)
 	}
 }
@@ -700,7 +703,7 @@ func TestDecodeStrictRejectsUnknownFields(t *testing.T) {
 
 // helm lint's own rules, in-process (.ci/run also runs the pinned helm CLI's lint).
 func TestChartLint(t *testing.T) {
-	for _, files := range [][]string{nil, {allOnValues}, {kindValues}} {
+	for _, files := range [][]string{{modelsValues}, {allOnValues}, {kindValues}} {
 		vals, err := mergedValues(files, nil)
 		if err != nil {
 			t.Fatal(err)

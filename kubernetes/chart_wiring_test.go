@@ -52,14 +52,14 @@ func TestChartAuthChecksumIsStableWithGeneratedCredentials(t *testing.T) {
 		}
 		return out
 	}
-	a, b := sum(mustRender(t, nil)), sum(mustRender(t, nil))
+	a, b := sum(mustRender(t, nil, modelsValues)), sum(mustRender(t, nil, modelsValues))
 	for name, h := range a {
 		if h == "" || h != b[name] {
 			t.Errorf("%s: checksum/auth %q, then %q with the same values", name, h, b[name])
 		}
 	}
 	// A credential given in the values still rolls the pods when it changes.
-	c := sum(mustRender(t, map[string]any{"auth": map[string]any{"workerToken": "rotated-token"}}))
+	c := sum(mustRender(t, map[string]any{"auth": map[string]any{"workerToken": "rotated-token"}}, modelsValues))
 	if c["sr-smartroute-worker"] == a["sr-smartroute-worker"] {
 		t.Error("a new auth.workerToken leaves checksum/auth unchanged")
 	}
@@ -70,7 +70,7 @@ func TestChartAuthChecksumIsStableWithGeneratedCredentials(t *testing.T) {
 // kubelet kills the replacement pod in the very wait the timeout is for.
 func TestChartDispatcherStartupOutlastsTheJournalLockWait(t *testing.T) {
 	for _, grace := range []int{45, 110, 600} {
-		r := mustRender(t, map[string]any{"dispatcher": map[string]any{"terminationGracePeriodSeconds": grace}})
+		r := mustRender(t, map[string]any{"dispatcher": map[string]any{"terminationGracePeriodSeconds": grace}}, modelsValues)
 		d := one[*appsv1.Deployment](t, r, "sr-smartroute-dispatcher")
 		c := container(t, d.Spec.Template.Spec, "dispatcher")
 		lock, err := time.ParseDuration(env(c)["JOURNAL_LOCK_TIMEOUT"].Value)
@@ -88,14 +88,14 @@ func TestChartDispatcherStartupOutlastsTheJournalLockWait(t *testing.T) {
 // error at render, not objects the API server refuses (a Service over 63 characters; a
 // StatefulSet over 52, whose controller-revision-hash label would be over 63).
 func TestChartRefusesAFullNameTooLongForItsObjects(t *testing.T) {
-	if _, err := render(t, map[string]any{"fullnameOverride": strings.Repeat("x", 39)}); err == nil || !strings.Contains(err.Error(), "fullnameOverride") {
+	if _, err := render(t, map[string]any{"fullnameOverride": strings.Repeat("x", 39)}, modelsValues); err == nil || !strings.Contains(err.Error(), "fullnameOverride") {
 		t.Errorf("a 39-character full name: %v, want an error naming fullnameOverride", err)
 	}
-	mustRender(t, map[string]any{"fullnameOverride": strings.Repeat("x", 38)})
+	mustRender(t, map[string]any{"fullnameOverride": strings.Repeat("x", 38)}, modelsValues)
 	// Without the collector the longest name is -worker-metrics: 47 fit.
 	noCollector := map[string]any{"logCollector": map[string]any{"enabled": false}}
-	mustRender(t, map[string]any{"fullnameOverride": strings.Repeat("x", 47), "logCollector": noCollector["logCollector"]})
-	if _, err := render(t, map[string]any{"fullnameOverride": strings.Repeat("x", 48), "logCollector": noCollector["logCollector"]}); err == nil {
+	mustRender(t, map[string]any{"fullnameOverride": strings.Repeat("x", 47), "logCollector": noCollector["logCollector"]}, modelsValues)
+	if _, err := render(t, map[string]any{"fullnameOverride": strings.Repeat("x", 48), "logCollector": noCollector["logCollector"]}, modelsValues); err == nil {
 		t.Error("a 48-character full name without the collector rendered")
 	}
 }
