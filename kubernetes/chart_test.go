@@ -23,6 +23,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sjson "sigs.k8s.io/json"
@@ -180,6 +181,8 @@ func newObject(apiVersion, kind string) (any, bool) {
 		return &appsv1.Deployment{}, true
 	case "apps/v1/StatefulSet":
 		return &appsv1.StatefulSet{}, true
+	case "networking.k8s.io/v1/NetworkPolicy":
+		return &networkingv1.NetworkPolicy{}, true
 	case "policy/v1/PodDisruptionBudget":
 		return &policyv1.PodDisruptionBudget{}, true
 	case "autoscaling/v2/HorizontalPodAutoscaler":
@@ -599,7 +602,16 @@ func TestChartRejectsBadValues(t *testing.T) {
 		{"bad maxSurge", map[string]any{"workers": map[string]any{"updateStrategy": map[string]any{"maxSurge": "one"}}}, "maxSurge"},
 		{"unknown eviction policy", map[string]any{"workers": map[string]any{"podDisruptionBudget": map[string]any{"unhealthyPodEvictionPolicy": "Never"}}}, "unhealthyPodEvictionPolicy"},
 		{"opsAuth scraped without a key", map[string]any{"auth": map[string]any{"opsAuth": true},
-			"metrics": map[string]any{"serviceMonitor": map[string]any{"enabled": true}}}, "metrics.serviceMonitor.authorization"},
+			"metrics":       map[string]any{"serviceMonitor": map[string]any{"enabled": true}},
+			"networkPolicy": map[string]any{"metricsFrom": []any{map[string]any{"podSelector": map[string]any{}}}}}, "metrics.serviceMonitor.authorization"},
+		// The collector's /metrics shares its port with /logs: the NetworkPolicy must
+		// be told who scrapes, or every collector scrape would be dropped.
+		{"collector scraped through a NetworkPolicy that admits no scraper", map[string]any{
+			"metrics": map[string]any{"serviceMonitor": map[string]any{"enabled": true}}}, "networkPolicy.metricsFrom"},
+		{"misspelt NetworkPolicy peer", map[string]any{"networkPolicy": map[string]any{
+			"logReaders": []any{map[string]any{"podSelectr": map[string]any{}}}}}, "podSelectr"},
+		{"empty NetworkPolicy peer", map[string]any{"networkPolicy": map[string]any{
+			"metricsFrom": []any{map[string]any{}}}}, "metricsFrom"},
 		// The collector reads INGEST_TOKEN comma-separated: a comma would split a token,
 		// and its agents' log streams would be refused while the dispatcher takes them.
 		{"comma in the worker token", map[string]any{"auth": map[string]any{"workerToken": "fleet-a,2025"}}, "workerToken"},

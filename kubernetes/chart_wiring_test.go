@@ -1,12 +1,16 @@
 package kubernetes
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8slabels "k8s.io/apimachinery/pkg/labels"
 )
 
 // Found by a review of the chart against the binaries: each renders, and each would
@@ -145,5 +149,79 @@ func TestChartAutoscalerScaleDownWaitsTheCooldownPeriod(t *testing.T) {
 	_, err := render(t, map[string]any{"workers": map[string]any{"autoscaling": map[string]any{"cooldownPeriod": 3601}}}, allOnValues)
 	if err == nil || !strings.Contains(err.Error(), "cooldownPeriod") {
 		t.Errorf("cooldownPeriod 3601: %v, want an error naming it", err)
+	}
+}
+
+// selects says whether a NetworkPolicy's pod selector picks pods labelled so.
+func selects(sel metav1.LabelSelector, labels map[string]string) bool {
+	s, err := metav1.LabelSelectorAsSelector(&sel)
+	return err == nil && s.Matches(k8slabels.Set(labels))
+}
+
+// admission is what the NetworkPolicies rendered let into pods labelled so: the ports
+// each peer list may reach (a nil list: from anywhere), and whether any policy selects
+// them at all (unselected pods admit everything).
+func admission(r *rendered, labels map[string]string) (isolated bool, from map[int32][][]networkingv1.NetworkPolicyPeer) {
+	from = map[int32][][]networkingv1.NetworkPolicyPeer{}
+	for _, np := range find[*networkingv1.NetworkPolicy](r) {
+		if !selects(np.Spec.PodSelector, labels) || !slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeIngress) {
+			continue
+		}
+		isolated = true
+		for _, rule := range np.Spec.Ingress {
+			if len(rule.Ports) == 0 {
+				from[0] = append(from[0], rule.From) // every port
+			}
+			for _, p := range rule.Ports {
+				from[p.Port.IntVal] = append(from[p.Port.IntVal], rule.From)
+			}
+		}
+	}
+	return isolated, from
+}
+
+// Triton's HTTP and gRPC APIs take no credential and load and unload models; the agent
+// calls them on 127.0.0.1. By default only the agent's metrics port is let into a worker
+// pod, and only the workers (their log streams) into the collector, whose /logs takes no
+// credential; the dispatcher, which checks credentials itself, is left alone.
+func TestChartNetworkPolicyAdmitsOnlyMetricsIntoWorkers(t *testing.T) {
+	r := mustRender(t, nil, modelsValues)
+	pods := map[string]map[string]string{}
+	for _, d := range find[*appsv1.Deployment](r) {
+		pods[d.Name] = d.Spec.Template.Labels
+	}
+	for _, s := range find[*appsv1.StatefulSet](r) {
+		pods[s.Name] = s.Spec.Template.Labels
+	}
+	isolated, from := admission(r, pods["sr-smartroute-worker"])
+	if !isolated || len(from) != 1 || len(from[9091]) != 1 || from[9091][0] != nil {
+		t.Errorf("into worker pods: isolated %v, admitted %v; want only port 9091 (the agent's metrics), from anywhere", isolated, from)
+	}
+	isolated, from = admission(r, pods["sr-smartroute-log-collector"])
+	if !isolated || len(from) != 1 || len(from[8090]) != 1 || len(from[8090][0]) != 1 {
+		t.Fatalf("into the collector: isolated %v, admitted %v; want port 8090 from the workers alone", isolated, from)
+	}
+	if p := from[8090][0][0]; p.PodSelector == nil || p.NamespaceSelector != nil || !selects(*p.PodSelector, pods["sr-smartroute-worker"]) ||
+		selects(*p.PodSelector, pods["sr-smartroute-dispatcher"]) {
+		t.Errorf("collector admits %+v, want the worker pods of this release", p)
+	}
+	if isolated, _ := admission(r, pods["sr-smartroute-dispatcher"]); isolated {
+		t.Error("a NetworkPolicy selects the dispatcher, which producers and workers must reach")
+	}
+
+	// Who scrapes and who reads /logs, when given, are the only other peers.
+	r = mustRender(t, nil, allOnValues)
+	_, from = admission(r, pods["sr-smartroute-worker"])
+	if len(from) != 1 || len(from[9091]) != 1 || len(from[9091][0]) != 1 || from[9091][0][0].NamespaceSelector == nil ||
+		from[9091][0][0].NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"] != "monitoring" {
+		t.Errorf("into worker pods with metricsFrom: %v, want port 9091 from the monitoring namespace", from)
+	}
+	_, from = admission(r, pods["sr-smartroute-log-collector"])
+	if len(from) != 1 || len(from[8090]) != 1 || len(from[8090][0]) != 4 {
+		t.Errorf("into the collector with logReaders and metricsFrom: %v, want port 8090 from the workers, the two readers and the scraper", from)
+	}
+
+	if n := len(find[*networkingv1.NetworkPolicy](mustRender(t, map[string]any{"networkPolicy": map[string]any{"enabled": false}}, modelsValues))); n != 0 {
+		t.Errorf("networkPolicy.enabled false: %d NetworkPolicies", n)
 	}
 }
