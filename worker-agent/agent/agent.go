@@ -62,7 +62,9 @@ func Run(ctx context.Context, cfg Config) error {
 }
 
 // agent is one Run. Lock order: mu may be taken while labels.mu is held, never the
-// other way round.
+// other way round. Statuses and Inventory frames are queued with mu held, so that they
+// leave in the order of the changes they report (session.send never blocks and takes
+// neither lock).
 type agent struct {
 	cfg         Config
 	base        zerolog.Logger // with worker_id, for child loggers
@@ -675,11 +677,14 @@ func (a *agent) beginDrain(reason string) {
 		return
 	}
 	a.draining = true
-	s, inFlight := a.cur.Load(), len(a.tasks)
+	inFlight := len(a.tasks)
+	// Queued under a.mu, as setAvailable queues its statuses: an "available" decided
+	// before the drain cannot then go out after "draining" and have the dispatcher
+	// route tasks to a worker that refuses them. Before waking Run, whose drain ends
+	// with flushing the queue.
+	a.cur.Load().send(statusFrame(false, "draining"))
 	a.mu.Unlock()
 	a.log.Info().Str("reason", reason).Int("in_flight", inFlight).Msg("draining: taking no new tasks")
-	// Queue the status before waking Run, whose drain ends with flushing the queue.
-	s.send(statusFrame(false, "draining"))
 	close(a.drainCh)
 }
 
@@ -789,6 +794,12 @@ func (a *agent) checkHealth() {
 // dispatcher. A backend whose repository lists none of the worker's labels cannot,
 // whatever its health: checked here, under the lock, so that a health check racing
 // with refreshLoadable cannot undo the availability that models brought.
+//
+// The status is queued under the lock too (send never blocks). A status is sent only
+// on a change, so the last one the dispatcher reads must be the last change made: a
+// task's "unavailable" and the health poller's "available" queued after the lock let
+// go could leave in the opposite order, and the dispatcher would keep the stale word
+// for good.
 func (a *agent) setAvailable(available bool, reason string) {
 	a.mu.Lock()
 	if available && a.noModels {
@@ -796,14 +807,12 @@ func (a *agent) setAvailable(available bool, reason string) {
 	}
 	changed := available != a.available
 	a.available, a.unavailableReason = available, reason
-	s, draining := a.cur.Load(), a.draining
-	a.mu.Unlock()
-	if !changed {
-		return
+	if changed && !a.draining {
+		a.cur.Load().send(statusFrame(available, reason))
 	}
-	a.log.Info().Bool("available", available).Str("reason", reason).Msg("backend availability changed")
-	if !draining {
-		s.send(statusFrame(available, reason))
+	a.mu.Unlock()
+	if changed {
+		a.log.Info().Bool("available", available).Str("reason", reason).Msg("backend availability changed")
 	}
 }
 
