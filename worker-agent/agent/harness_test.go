@@ -347,6 +347,36 @@ func (p *peer) status() *pb.WorkerStatus {
 	}
 }
 
+// event returns the first label event of kind for label, among those recorded or, if
+// none is, the next frames; statuses on the way are recorded, other frames fail the
+// test.
+func (p *peer) event(kind pb.LabelEvent_Kind, label string) *pb.LabelEvent {
+	p.t.Helper()
+	match := func(ev *pb.LabelEvent) bool { return ev.GetKind() == kind && ev.GetLabel() == label }
+	for _, ev := range p.events {
+		if match(ev) {
+			return ev
+		}
+	}
+	for {
+		env, err := p.readErr()
+		if err != nil {
+			p.t.Fatalf("no %s %s came (events so far %q): %v", kind, label, p.eventKinds(), err)
+		}
+		switch {
+		case env.GetLabelEvent() != nil:
+			p.events = append(p.events, env.GetLabelEvent())
+			if match(env.GetLabelEvent()) {
+				return env.GetLabelEvent()
+			}
+		case env.GetStatus() != nil:
+			p.statuses = append(p.statuses, env.GetStatus())
+		default:
+			p.t.Fatalf("got %v while waiting for %s %s (events so far %q)", env, kind, label, p.eventKinds())
+		}
+	}
+}
+
 // closeCode reads until the connection ends and returns the agent's close code, or -1
 // if it ended without a close frame. Frames before the close are recorded.
 func (p *peer) closeCode() int {

@@ -59,9 +59,12 @@ type labelManager struct {
 // labelManager.mu; err is written before done is closed and read only after.
 type labelEntry struct {
 	loaded bool
-	pins   int           // tasks running on the label or waiting for its load
-	done   chan struct{} // closed when the load ends, either way
-	err    error         // why the load failed
+	pins   int // tasks running on the label or waiting for its load
+	// lost: a task's Run said the backend no longer holds the label while other
+	// tasks still used it; the last of them to let go drops it (see labelLease.lost).
+	lost bool
+	done chan struct{} // closed when the load ends, either way
+	err  error         // why the load failed
 }
 
 // taskRef names the task that caused a load, for logs.
@@ -89,9 +92,12 @@ func (l *labelLease) release() { l.m.unpin(l.label, l.e) }
 
 // lost gives back a lease on a label the backend no longer holds: Run said
 // backend.ErrNotLoaded (Triton restarted and could not load it again). Once no other
-// task runs on it, the label leaves the books as an eviction does, so that the
-// dispatcher stops sending its tasks here as hits; it is unloaded first, in case a
-// reload by another task put it back.
+// task runs on it, the label leaves the books as an eviction does (EVICTED), so that
+// the dispatcher stops sending its tasks here as hits and the room is free for
+// another label; it is unloaded first, in case a reload by another task put it back.
+// While other tasks run on it, the entry is marked lost and the last of them drops
+// it, however it ends: kept, the label would go on counting against capacity and be
+// listed in the next hello, with the dispatcher never told.
 func (l *labelLease) lost() {
 	m := l.m
 	m.mu.Lock()
@@ -99,23 +105,30 @@ func (l *labelLease) lost() {
 	if m.entries[l.label] != l.e || l.e.pins == 0 {
 		return
 	}
+	l.e.lost = true
 	l.e.pins--
-	if l.e.pins > 0 {
-		return // the last task on it settles it, this way or by releasing it
+	if l.e.pins == 0 {
+		m.dropLostLocked(l.label)
 	}
-	delete(m.entries, l.label)
-	m.recency.Remove(l.label)
-	m.unloading[l.label] = struct{}{}
+}
+
+// dropLostLocked takes label, lost and no longer used, off the books and unloads it,
+// reporting EVICTED once the unload is done. Its room is not free until then: a
+// failed unload puts the label back (keepLocked). Caller holds mu.
+func (m *labelManager) dropLostLocked(label string) {
+	delete(m.entries, label)
+	m.recency.Remove(label)
+	m.unloading[label] = struct{}{}
 	m.freeing++
 	m.loads.Add(1)
 	go func() {
 		defer m.loads.Done()
-		_, err := m.evict(l.label, "")
+		_, err := m.evict(label, "")
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		m.freeing--
 		if err != nil {
-			m.keepLocked(l.label)
+			m.keepLocked(label)
 			return
 		}
 		m.broadcastLocked() // its room is free only now
@@ -382,7 +395,11 @@ func (m *labelManager) unpin(label string, e *labelEntry) {
 		return
 	}
 	e.pins--
-	if e.pins == 0 {
+	switch {
+	case e.pins > 0:
+	case e.lost: // an earlier task found it gone from the backend
+		m.dropLostLocked(label)
+	default:
 		m.broadcastLocked()
 	}
 }

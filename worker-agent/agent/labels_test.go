@@ -398,3 +398,32 @@ func TestLabelKeptAfterAHelloLeftItOutIsConfirmed(t *testing.T) {
 		t.Errorf("events %q, want %q", got, want)
 	}
 }
+
+// A label the backend lost while other tasks ran on it leaves with the last of them,
+// however that one ends: kept, it would count against capacity and be listed in the
+// next hello, and the dispatcher, told load_failed by the first task, would never hear
+// of it again.
+func TestLostLabelLeavesWithItsLastTask(t *testing.T) {
+	t.Parallel()
+	m, events := labelSetup(t, 1, backendtest.New())
+	first, _ := mustAcquire(t, m, "a", "")
+	second, _ := mustAcquire(t, m, "a", "")
+	first.lost()
+	if got := m.held(); !slices.Equal(got, []string{"a"}) {
+		t.Fatalf("held %q while a task still runs on a, want a", got)
+	}
+	second.release() // as a task does that ends another way (cancelled, say)
+	m.wait()
+	if got := m.held(); len(got) != 0 {
+		t.Errorf("held %q after the last task on the lost label let go, want none", got)
+	}
+	if want, got := []string{"LOADING a", "LOADED a", "EVICTED a"}, events(); !slices.Equal(got, want) {
+		t.Errorf("events %q, want %q", got, want)
+	}
+	// Its room is free: b loads without waiting.
+	l, info := mustAcquire(t, m, "b", "")
+	l.release()
+	if !info.miss || info.evicted != "" {
+		t.Errorf("acquire b %+v, want a load into free room", info)
+	}
+}
