@@ -97,3 +97,25 @@ func TestLostLabelLeavesWithACancelledLastTask(t *testing.T) {
 	}
 	checkLabelLeft(t, h, p)
 }
+
+// One task runs on a, and is cancelled just as its Run finds the label gone (Triton's
+// reload, which outlives the task, failed). The result says cancelled, and the label
+// must still leave the books (EVICTED), not stay held unannounced.
+func TestLostLabelLeavesWhenItsTaskWasCancelled(t *testing.T) {
+	t.Parallel()
+	g := newGate(t)
+	fake := backendtest.New()
+	fake.OnRun = func(ctx context.Context, task backend.Task) ([]byte, error) {
+		_ = g.hold(ctx, task.ID) // until cancelled
+		return nil, errLost
+	}
+	h := setup(t, withFake(fake))
+	p := h.connect()
+	p.assign(&pb.TaskAssignment{TaskId: "t1", Label: "a"})
+	g.waitStarted(t)
+	p.send(&pb.Envelope{Body: &pb.Envelope_Cancel{Cancel: &pb.Cancel{TaskId: "t1", Reason: "test"}}})
+	if r := p.result(); r.GetOk() || r.GetError() != "cancelled: test" || r.GetLoadFailed() {
+		t.Fatalf("t1 %v, want cancelled, not load_failed", r)
+	}
+	checkLabelLeft(t, h, p)
+}

@@ -314,11 +314,14 @@ func (a *agent) runTask(ctx context.Context, s *session, asg *pb.TaskAssignment,
 		})
 		o.run = time.Since(start)
 		a.metrics.ran(o.run)
-		if err != nil && ctx.Err() == nil && errors.Is(err, backend.ErrNotLoaded) {
+		if errors.Is(err, backend.ErrNotLoaded) {
 			// The backend lost the label and could not load it again: the dispatcher
-			// runs the task where the label loads, and drops it from this worker.
+			// runs the task where the label loads, and drops it from this worker. The
+			// label is lost even when the attempt's context ended meanwhile (Triton's
+			// reload runs on): the result then says why it ended, and EVICTED tells
+			// the dispatcher.
 			lease.lost()
-			o.loadFailed = true
+			o.loadFailed = ctx.Err() == nil
 		} else {
 			lease.release()
 		}
