@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"time"
 
@@ -110,7 +111,7 @@ func openJournal(dir string, o journalOptions) (*journal, error) {
 	err := checkJournal(path, lockTimeout)
 	var db *bolt.DB
 	if err == nil {
-		db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: lockTimeout, FreelistType: bolt.FreelistMapType, NoFreelistSync: true})
+		db, err = openWritable(path, lockTimeout)
 	}
 	if errors.Is(err, bolt.ErrTimeout) {
 		return nil, fmt.Errorf("%w: %s is locked (waited %v); stop the other dispatcher or give this one its own --data-dir", errDataDirInUse, path, lockTimeout)
@@ -137,10 +138,31 @@ func openJournal(dir string, o journalOptions) (*journal, error) {
 	return j, nil
 }
 
-// checkJournal reads an existing journal through once, read-only, before it is opened
-// for writing. Opening for writing rebuilds the free list (NoFreelistSync) by walking
-// every page in a goroutine of bbolt's own, where a damaged page is a panic nothing can
-// recover; here the same damage is an error that says what to do.
+// openWritable opens the journal for writing. Its free-list rebuild panics on damage
+// that checkJournal did not find (it should find all bbolt's does): recovered here,
+// the start fails with the same advice instead of a crash, on every start. The file
+// handle and a goroutine of bbolt's may be left behind; the process is about to exit.
+func openWritable(path string, lockTimeout time.Duration) (db *bolt.DB, err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			db, err = nil, journalDamaged(path, r)
+		}
+	}()
+	return bolt.Open(path, 0o600, &bolt.Options{Timeout: lockTimeout, FreelistType: bolt.FreelistMapType, NoFreelistSync: true})
+}
+
+// journalDamaged is the error for a journal that cannot be used: it says what to do.
+func journalDamaged(path string, what any) error {
+	return fmt.Errorf("journal %s is damaged (%v): move it aside to start without it (its pending tasks are lost) or restore it from a backup", path, what)
+}
+
+// checkJournal reads an existing journal through once, read-only, and runs bbolt's
+// consistency check on it, before it is opened for writing. Opening for writing
+// rebuilds the free list (NoFreelistSync) by walking every page, in a goroutine of
+// bbolt's own where a page past the file is a fault nothing can recover, and panics on
+// any inconsistency (a key out of order); here the same damage is an error that says
+// what to do.
 func checkJournal(path string, lockTimeout time.Duration) (err error) {
 	st, err := os.Stat(path)
 	if errors.Is(err, os.ErrNotExist) || (err == nil && st.Size() == 0) {
@@ -149,9 +171,7 @@ func checkJournal(path string, lockTimeout time.Duration) (err error) {
 	if err != nil {
 		return fmt.Errorf("journal %s: %w", path, err)
 	}
-	damaged := func(what any) error {
-		return fmt.Errorf("journal %s is damaged (%v): move it aside to start without it (its pending tasks are lost) or restore it from a backup", path, what)
-	}
+	damaged := func(what any) error { return journalDamaged(path, what) }
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true)) // a read past a truncated file
 	defer func() {
 		if r := recover(); r != nil {
@@ -166,17 +186,43 @@ func checkJournal(path string, lockTimeout time.Duration) (err error) {
 	if err != nil {
 		return damaged(err) // not a bbolt file, or a header bbolt refuses
 	}
-	defer db.Close()
+	leaveOpen := false
+	defer func() {
+		// After a finding a goroutine of bbolt's free-list rebuild may still be walking
+		// the file (until its next finding, which nobody reads): unmapping the file
+		// under it would crash the process that is about to say the journal is
+		// damaged. The start fails, so the read-only handle is left to the exit.
+		if !leaveOpen {
+			db.Close()
+		}
+	}()
 	return db.View(func(tx *bolt.Tx) error {
 		if tx.Size() > st.Size() {
 			return damaged(fmt.Sprintf("%d bytes, its pages need %d", st.Size(), tx.Size()))
 		}
-		return tx.ForEach(func(_ []byte, b *bolt.Bucket) error {
+		// Every page read here first, where a read past the file is a panic recovered
+		// above: the check below reads them in goroutines of bbolt's.
+		if err := tx.ForEach(func(_ []byte, b *bolt.Bucket) error {
 			return b.ForEach(func(_, v []byte) error {
 				_ = finishedAt(v) // touch the value's pages
 				return nil
 			})
-		})
+		}); err != nil {
+			return err
+		}
+		// bbolt's own check: keys out of order and pages referenced twice, lost or
+		// freed, which the walk above reads through but the read-write open's free-list
+		// rebuild panics on. Its first finding is reported; the rest are drained, since
+		// its goroutine reads the file until it closes the channel.
+		var found error
+		for err := range tx.Check() {
+			if found == nil {
+				// A finding in the free-list rebuild comes as a recovered panic.
+				found = damaged(strings.TrimPrefix(err.Error(), "panic: "))
+				leaveOpen = true
+			}
+		}
+		return found
 	})
 }
 
