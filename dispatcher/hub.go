@@ -161,14 +161,16 @@ func (h *hub) submitJournaled(spec taskSpec, rec *taskRecord, now time.Time) (go
 		// Pending in the journal: in flight here (recovered at start, or accepted by a
 		// concurrent submission of the id), and admit returns that run, unless the
 		// submission that wrote the record was refused and deleted it meanwhile.
+		// Whichever run admit returns answers that record, under its Created.
 		h.mu.Lock()
 		defer h.mu.Unlock()
 		if h.forgets.Load() != forgets {
 			return nil, true, nil
 		}
+		rec.journalRun = prev.Created
 		got, err := h.admitLocked(rec, true)
 		if err == nil && got != rec {
-			h.adoptLocked(got) // a synchronous run of the id: it answers the record
+			h.adoptLocked(got, prev.Created) // a synchronous run of the id: it answers the record
 		}
 		return got, false, err
 	}
@@ -177,12 +179,12 @@ func (h *hub) submitJournaled(spec taskSpec, rec *taskRecord, now time.Time) (go
 		if h.cfg.onJournalForget != nil {
 			h.cfg.onJournalForget(spec.id)
 		}
-		h.forgetRefused(spec.id)
+		h.forgetRefused(spec.id, rec.run())
 		return nil, false, err
 	}
 	if got != rec { // the id was in flight or answered without a journal record
 		h.mu.Lock()
-		h.adoptLocked(got)
+		h.adoptLocked(got, rec.run())
 		h.mu.Unlock()
 	}
 	return got, false, nil
@@ -193,12 +195,12 @@ func (h *hub) submitJournaled(spec taskSpec, rec *taskRecord, now time.Time) (go
 // one was told 202 on the strength of this record. The check runs under the hub's lock
 // inside the delete's transaction, so no submission is admitted between it and the
 // delete; one admitted after it sees forgets move and writes the record again.
-func (h *hub) forgetRefused(id string) {
+func (h *hub) forgetRefused(id string, run int64) {
 	err := h.journal.forget(id, func() bool {
 		h.mu.Lock()
 		defer h.mu.Unlock()
 		if rec := h.knownLocked(id); rec != nil {
-			h.adoptLocked(rec)
+			h.adoptLocked(rec, run)
 			return false
 		}
 		h.forgets.Add(1)
@@ -210,14 +212,13 @@ func (h *hub) forgetRefused(id string) {
 }
 
 // adoptLocked makes rec, which holds an id the journal has a pending record of, answer
-// that record: at once if it is answered, else when it is. Caller holds mu.
-func (h *hub) adoptLocked(rec *taskRecord) {
-	switch {
-	case rec.journaled:
-	case rec.finished():
+// that record, written by the run created at run: at once if it is answered, else
+// when it is. Caller holds mu.
+func (h *hub) adoptLocked(rec *taskRecord, run int64) {
+	queued := rec.journaled && rec.run() == run // its answer is, or will be, that record's
+	rec.journaled, rec.journalRun = true, run
+	if rec.finished() && !queued {
 		h.journal.complete(*rec.entry())
-	default:
-		rec.journaled = true
 	}
 }
 
@@ -289,6 +290,7 @@ func (h *hub) openJournal() error {
 		writeErrors: h.met.journalWriteErrors,
 		retryAfter:  h.cfg.journalRetry,
 		writeFault:  h.cfg.journalWriteFault,
+		now:         h.clock.Now,
 	})
 	if err != nil {
 		return err

@@ -89,6 +89,9 @@ type journalOptions struct {
 	// writeFault, when set, fails the journal's writes (accept and answers) with its
 	// error: tests inject a failing disk with it.
 	writeFault func() error
+	// now is the clock the answers' writer reads to drop expired answers; nil:
+	// time.Now.
+	now func() time.Time
 }
 
 // answersRetry paces the writes of answers again after a failed one: soon at first, at
@@ -131,6 +134,9 @@ func openJournal(dir string, o journalOptions) (*journal, error) {
 	}
 	if o.retryAfter == nil {
 		o.retryAfter = answersRetry
+	}
+	if o.now == nil {
+		o.now = time.Now
 	}
 	j := &journal{db: db, journalOptions: o, wake: make(chan struct{}, 1),
 		stop: make(chan struct{}), stopped: make(chan struct{})}
@@ -261,7 +267,9 @@ func (j *journal) expired(finished int64, now time.Time) bool {
 // accept stores a new pending task and returns once it is synced to disk, sharing
 // the sync with concurrent callers. An id the journal already holds (pending, or
 // answered within the retention) is not overwritten: created is false and prev is
-// the stored entry.
+// the stored entry. A pending record whose run has answered, the answer still waiting
+// for the disk and expired meanwhile, is overwritten as an expired answer would be:
+// nothing runs that record any more, and the writer drops that answer.
 func (j *journal) accept(e *journalEntry, now time.Time) (prev *journalEntry, created bool, err error) {
 	v, err := encodeEntry(e)
 	if err != nil {
@@ -284,13 +292,16 @@ func (j *journal) accept(e *journalEntry, now time.Time) (prev *journalEntry, cr
 		}
 		b := tx.Bucket(tasksBucket)
 		if old := b.Get(key); old != nil && !j.expired(finishedAt(old), now) {
-			if p, err := decodeEntry(old); err == nil {
+			p, err := decodeEntry(old)
+			if err == nil && !(p.Finished == 0 && j.answeredAndExpired(p.ID, p.Created, now)) {
 				prev = &p
 				return nil
 			}
-			// A damaged record holds nothing to answer with: the task is accepted anew
-			// rather than refused under that id for good.
-			j.log.Error().Str("task_id", e.ID).Msg("journal: unreadable record replaced")
+			if err != nil {
+				// A damaged record holds nothing to answer with: the task is accepted anew
+				// rather than refused under that id for good.
+				j.log.Error().Str("task_id", e.ID).Msg("journal: unreadable record replaced")
+			}
 		}
 		created = true
 		return b.Put(key, v)
@@ -330,6 +341,21 @@ func (j *journal) unwrittenAnswer(id string, now time.Time) (journalEntry, bool)
 		}
 	}
 	return journalEntry{}, false
+}
+
+// answeredAndExpired says whether the run of id created at created has an answer
+// waiting for the disk whose retention is over.
+func (j *journal) answeredAndExpired(id string, created int64, now time.Time) bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for _, q := range [][]journalEntry{j.pending, j.writing} {
+		for i := range q {
+			if q[i].ID == id && q[i].Created == created && j.expired(q[i].Finished, now) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // errKept rolls back a forget that was called off.
@@ -449,12 +475,21 @@ func (j *journal) writeCompletions() {
 	}
 }
 
-// writeAnswers writes a batch of answers in one transaction. An answer that cannot be
-// encoded (no JSON result gets this far unchecked, so it should never happen) is
-// logged and left out: it would fail every retry and hold up the rest.
+// writeAnswers writes a batch of answers in one transaction. An answer replaces only
+// the pending record of its own run (the same Created): a record the id was accepted
+// anew under (after the retention) belongs to another run, and an answer delayed by a
+// failing disk must not turn it into an old answer. An answer whose retention is over
+// is not written: its record, if still its run's, is deleted as the janitor would.
+// An answer that cannot be encoded (no JSON result gets this far unchecked, so it
+// should never happen) is logged and left out: it would fail every retry and hold up
+// the rest.
 func (j *journal) writeAnswers(batch []journalEntry) error {
+	now := j.now()
 	values := make([][]byte, len(batch))
 	for i := range batch {
+		if j.expired(batch[i].Finished, now) {
+			continue
+		}
 		v, err := encodeEntry(&batch[i])
 		if err != nil {
 			j.log.Error().Err(err).Str("task_id", batch[i].ID).Msg("journal: answer cannot be encoded; the task runs again after a restart")
@@ -470,15 +505,36 @@ func (j *journal) writeAnswers(batch []journalEntry) error {
 		}
 		b := tx.Bucket(tasksBucket)
 		for i := range batch {
-			if values[i] == nil {
-				continue
+			e := &batch[i]
+			key := []byte(e.ID)
+			old := b.Get(key)
+			if old == nil || finishedAt(old) != 0 || createdAt(old) != e.Created {
+				continue // answered already, or another run's record (or none)
 			}
-			if err := b.Put([]byte(batch[i].ID), values[i]); err != nil {
+			var err error
+			switch {
+			case values[i] != nil:
+				err = b.Put(key, values[i])
+			case j.expired(e.Finished, now):
+				err = b.Delete(key)
+			}
+			if err != nil {
 				return err
 			}
 		}
 		return nil
 	})
+}
+
+// createdAt is the Created of a stored record; -1 for one that does not decode.
+func createdAt(v []byte) int64 {
+	var e struct {
+		Created int64 `json:"created"`
+	}
+	if len(v) < 8 || json.Unmarshal(v[8:], &e) != nil {
+		return -1
+	}
+	return e.Created
 }
 
 // load returns every pending task and every answer still within the retention.

@@ -789,3 +789,93 @@ func TestAsyncResubmitOfAnUnwrittenAnswerDoesNotRunItAgain(t *testing.T) {
 		t.Fatalf("answered task ran again: worker was sent %s attempt %d, want next", a.TaskId, a.Attempt)
 	}
 }
+
+// An answer held back by a failing disk past the retention must not be written over a
+// resubmission of its id accepted meanwhile (allowed: the id expired). Before, the
+// accept found the old run's record still pending and wrote nothing, and the late
+// answer then turned it into an expired answer: after a crash the task accepted with
+// 202 was neither run nor known (404).
+func TestDelayedAnswerDoesNotOverwriteAResubmission(t *testing.T) {
+	dir := t.TempDir()
+	clock := &testClock{now: time.Now()}
+	var full atomic.Bool
+	failed := make(chan struct{}, 1)
+	cfg := Config{DataDir: dir, Clock: clock, TaskRetention: time.Hour,
+		journalRetry: func() backoff.BackOff { return backoff.NewConstantBackOff(time.Hour) }, // written again at close only
+		journalWriteFault: func() error {
+			if !full.Load() {
+				return nil
+			}
+			select {
+			case failed <- struct{}{}:
+			default:
+			}
+			return errors.New("no space left on device")
+		}}
+	first := setup(t, cfg)
+	t.Cleanup(func() { first.d.Close() })
+	w := first.dial("w1", "m")
+	body := `{"task_id":"x","task_type":"t","label":"m","return_result":false,"timeout_ms":86400000}`
+	if code, out := first.post("/run-task", body); code != http.StatusAccepted {
+		t.Fatalf("submit: %d %v", code, out)
+	}
+	a := w.assignment()
+	full.Store(true)
+	w.finish(a, true, `{"answer":1}`)
+	<-failed // the answer waits for the disk
+	full.Store(false)
+	clock.advance(time.Hour + time.Second) // x's answer expired: its id may be used again
+
+	if code, out := first.post("/run-task", body); code != http.StatusAccepted {
+		t.Fatalf("resubmission after the retention: %d %v", code, out)
+	}
+	if a2 := w.assignment(); a2.TaskId != "x" {
+		t.Fatalf("the resubmission did not run: %v", a2)
+	}
+	// The writer tries the old answer again at close; then the "crash".
+	if err := first.d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	second := setupJournaled(t, dir, clock)
+	if code, out := second.get("/tasks/x"); code != http.StatusOK || out["status"] != "queued" {
+		t.Errorf("after a restart GET /tasks/x = %d %v; want the resubmission, accepted with 202, queued", code, out)
+	}
+}
+
+// The answers' writer replaces only its own run's pending record (the same Created),
+// and writes no answer whose retention is over: it deletes its run's record instead.
+func TestJournalAnswerWritesOnlyOverItsOwnRun(t *testing.T) {
+	clock := &testClock{now: time.Now()}
+	j, err := openJournal(t.TempDir(), journalOptions{retention: time.Minute, lockTimeout: time.Second, log: zerolog.Nop(), now: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.close()
+	created := clock.Now().UnixNano()
+	for _, id := range []string{"own", "other", "expired"} {
+		if _, _, err := j.accept(&journalEntry{ID: id, Label: "m", Created: created}, clock.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	answer := func(id string, created int64, finished time.Time) journalEntry {
+		return journalEntry{ID: id, Label: "m", Created: created, Finished: finished.UnixNano(), Status: statusCompleted, HTTPStatus: 200}
+	}
+	if err := j.writeAnswers([]journalEntry{
+		answer("own", created, clock.Now()),
+		answer("other", created-1, clock.Now()), // an earlier run of the id
+		answer("expired", created, clock.Now().Add(-time.Minute)),
+		answer("none", created, clock.Now()), // no record: nothing accepted it
+	}); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int64{} // id: finish time
+	if err := j.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(tasksBucket).ForEach(func(k, v []byte) error { got[string(k)] = finishedAt(v); return nil })
+	}); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int64{"own": clock.Now().UnixNano(), "other": 0}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("journal after the answers (id: finish time): %v, want %v", got, want)
+	}
+}

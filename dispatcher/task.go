@@ -45,10 +45,14 @@ type taskRecord struct {
 	// retryAt, for a failed answer, is when the task might work if submitted again
 	// (a failing label's cool-down ends): /run-task says so in Retry-After.
 	retryAt time.Time
-	// journaled: the journal holds this task and must learn its answer.
-	journaled bool
-	done      chan struct{}
-	metrics   *labelMetrics // the label's counters, resolved once (metrics.of)
+	// journaled: the journal holds this task and must learn its answer. journalRun is
+	// the Created (unix ns) of the record it answers when another submission of the id
+	// wrote it (adoptLocked); zero: its own, created. The journal writes an answer only
+	// over its own run's record.
+	journaled  bool
+	journalRun int64
+	done       chan struct{}
+	metrics    *labelMetrics // the label's counters, resolved once (metrics.of)
 }
 
 // finished reports whether the task has its final answer. Caller holds hub.mu or has
@@ -121,11 +125,20 @@ func resultJSON(b []byte) json.RawMessage {
 	return s
 }
 
+// run is the Created of the journal record the task answers. Caller holds hub.mu, or
+// has received from done.
+func (r *taskRecord) run() int64 {
+	if r.journalRun != 0 {
+		return r.journalRun
+	}
+	return r.created.UnixNano()
+}
+
 // entry is the record as the journal stores it. Caller holds hub.mu, or has received
 // from done, or is the record's only holder.
 func (r *taskRecord) entry() *journalEntry {
 	e := &journalEntry{ID: r.sched.ID, Label: r.sched.Label, TaskType: r.taskType, Params: r.params,
-		Created: r.created.UnixNano(), Deadline: r.sched.Deadline.UnixNano()}
+		Created: r.run(), Deadline: r.sched.Deadline.UnixNano()}
 	if r.finished() {
 		e.Finished = r.finishedAt.UnixNano()
 		e.Status, e.HTTPStatus, e.Error, e.Result = r.status, r.httpStatus, r.errMsg, r.result
