@@ -63,7 +63,8 @@ type Config struct {
 	// dispatcher on the same DataDir holds. Zero means 1s.
 	JournalLockTimeout time.Duration
 	// JournalSweepInterval is how often expired answers are deleted from the journal,
-	// JournalSweepLimit records looked at per sweep at most. Zero means 1s and 10000.
+	// JournalSweepLimit of them per transaction, as many transactions as it takes.
+	// Zero means 1s and 10000.
 	JournalSweepInterval time.Duration
 	JournalSweepLimit    int
 

@@ -338,20 +338,34 @@ func (d *Dispatcher) RunBackground(ctx context.Context) {
 	pingsDone := make(chan struct{})
 	go func() { d.pingWorkers(ctx); close(pingsDone) }()
 	defer func() { <-pingsDone }()
-	var sweep <-chan time.Time
+	// The journal's janitor too: a sweep that catches up on many expired answers
+	// writes for a while, and deadlines must not wait for it either.
 	if d.hub.journal != nil {
-		st := time.NewTicker(d.cfg.JournalSweepInterval)
-		defer st.Stop()
-		sweep = st.C
+		janitorDone := make(chan struct{})
+		go func() { d.sweepJournal(ctx); close(janitorDone) }()
+		defer func() { <-janitorDone }()
 	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-sweep:
-			d.hub.sweepJournal()
 		case <-t.C:
 			d.hub.tick()
+		}
+	}
+}
+
+// sweepJournal deletes expired answers from the journal every JournalSweepInterval
+// until ctx ends.
+func (d *Dispatcher) sweepJournal(ctx context.Context) {
+	t := time.NewTicker(d.cfg.JournalSweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			d.hub.sweepJournal()
 		}
 	}
 }

@@ -307,7 +307,8 @@ func (h *hub) openJournal() error {
 	return nil
 }
 
-// sweepJournal deletes a bounded number of expired answers from the journal.
+// sweepJournal deletes the expired answers from the journal, JournalSweepLimit per
+// transaction.
 func (h *hub) sweepJournal() {
 	n, err := h.journal.sweep(h.clock.Now(), h.cfg.JournalSweepLimit)
 	if err != nil {

@@ -10,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -23,7 +25,23 @@ import (
 // journalFile is the bbolt file under Config.DataDir.
 const journalFile = "journal.db"
 
-var tasksBucket = []byte("tasks")
+var (
+	tasksBucket = []byte("tasks")
+	// answeredBucket indexes the answers in tasksBucket by finish time: each key is an
+	// 8-byte big-endian finish time in unix nanoseconds followed by the task id, each
+	// value empty. The janitor reads it from the oldest end, so that it looks at
+	// expired answers only. An entry may outlive its answer (the id accepted anew, a
+	// damaged record deleted); the janitor deletes it then too.
+	answeredBucket = []byte("answered")
+)
+
+// answeredKey is the index key of an answer finished at finished.
+func answeredKey(finished int64, id []byte) []byte {
+	k := make([]byte, 8+len(id))
+	binary.BigEndian.PutUint64(k, uint64(finished))
+	copy(k[8:], id)
+	return k
+}
 
 // errDataDirInUse is returned when another dispatcher holds the journal's file lock.
 var errDataDirInUse = errors.New("another dispatcher is using this data dir")
@@ -53,8 +71,6 @@ type journal struct {
 	stop      chan struct{}
 	stopped   chan struct{}
 	closeErr  error
-
-	sweepFrom []byte // the janitor's cursor; owned by the janitor's caller (RunBackground)
 }
 
 // journalEntry is one task as the journal stores it.
@@ -126,7 +142,10 @@ func openJournal(dir string, o journalOptions) (*journal, error) {
 	// a commit, because a batch forms while the previous one is being synced.
 	db.MaxBatchDelay = time.Millisecond
 	if err := db.Update(func(tx *bolt.Tx) error {
-		_, err := tx.CreateBucketIfNotExists(tasksBucket)
+		if _, err := tx.CreateBucketIfNotExists(tasksBucket); err != nil {
+			return err
+		}
+		_, err := tx.CreateBucketIfNotExists(answeredBucket) // filled by load for older journals
 		return err
 	}); err != nil {
 		db.Close()
@@ -503,7 +522,7 @@ func (j *journal) writeAnswers(batch []journalEntry) error {
 				return err
 			}
 		}
-		b := tx.Bucket(tasksBucket)
+		b, index := tx.Bucket(tasksBucket), tx.Bucket(answeredBucket)
 		for i := range batch {
 			e := &batch[i]
 			key := []byte(e.ID)
@@ -511,14 +530,18 @@ func (j *journal) writeAnswers(batch []journalEntry) error {
 			if old == nil || finishedAt(old) != 0 || createdAt(old) != e.Created {
 				continue // answered already, or another run's record (or none)
 			}
-			var err error
-			switch {
-			case values[i] != nil:
-				err = b.Put(key, values[i])
-			case j.expired(e.Finished, now):
-				err = b.Delete(key)
+			if values[i] == nil {
+				if j.expired(e.Finished, now) {
+					if err := b.Delete(key); err != nil {
+						return err
+					}
+				}
+				continue
 			}
-			if err != nil {
+			if err := b.Put(key, values[i]); err != nil {
+				return err
+			}
+			if err := index.Put(answeredKey(e.Finished, key), []byte{}); err != nil {
 				return err
 			}
 		}
@@ -526,31 +549,55 @@ func (j *journal) writeAnswers(batch []journalEntry) error {
 	})
 }
 
-// createdAt is the Created of a stored record; -1 for one that does not decode.
+// createdField precedes Created in a record's JSON. It cannot occur earlier, inside
+// a string (a quote there is escaped) or in the base64 of the parameters; the result,
+// which may hold anything, comes after it.
+var createdField = []byte(`,"created":`)
+
+// createdAt is the Created of a stored record; -1 for one that does not decode. The
+// answers' writer reads it for every answer, so it looks for the field rather than
+// decode the record (and its parameters).
 func createdAt(v []byte) int64 {
+	if len(v) < 8 {
+		return -1
+	}
+	if i := bytes.Index(v[8:], createdField); i >= 0 {
+		rest := v[8+i+len(createdField):]
+		end := bytes.IndexAny(rest, ",}")
+		if end > 0 {
+			if n, err := strconv.ParseInt(string(rest[:end]), 10, 64); err == nil {
+				return n
+			}
+		}
+	}
 	var e struct {
 		Created int64 `json:"created"`
 	}
-	if len(v) < 8 || json.Unmarshal(v[8:], &e) != nil {
+	if json.Unmarshal(v[8:], &e) != nil {
 		return -1
 	}
 	return e.Created
 }
 
-// load returns every pending task and every answer still within the retention.
+// load returns every pending task and every answer still within the retention. It
+// also indexes the answers the index lacks: every answer of a journal written by a
+// build without the index, so that the janitor finds them.
 func (j *journal) load(now time.Time) (pending, answered []journalEntry, err error) {
-	var damaged [][]byte
+	var damaged, unindexed [][]byte
 	err = j.db.View(func(tx *bolt.Tx) error {
+		index := tx.Bucket(answeredBucket)
 		return tx.Bucket(tasksBucket).ForEach(func(k, v []byte) error {
 			fin := finishedAt(v)
+			if fin != 0 && index.Get(answeredKey(fin, k)) == nil {
+				unindexed = append(unindexed, answeredKey(fin, k))
+			}
 			if j.expired(fin, now) {
 				return nil
 			}
 			e, err := decodeEntry(v)
 			if err != nil {
 				// One damaged record must not keep the dispatcher from starting; it is
-				// deleted below, since the sweep, which reads only the answer time,
-				// might never take it.
+				// deleted below (its index entry, if any, goes with the janitor).
 				j.log.Error().Err(err).Str("task_id", string(k)).Msg("journal: unreadable record deleted")
 				damaged = append(damaged, bytes.Clone(k))
 				return nil
@@ -563,10 +610,21 @@ func (j *journal) load(now time.Time) (pending, answered []journalEntry, err err
 			return nil
 		})
 	})
-	if err == nil && len(damaged) > 0 {
+	if err == nil && len(damaged)+len(unindexed) > 0 {
+		if len(unindexed) > 0 {
+			// In order: bbolt inserts into one node until the commit splits it, and
+			// keys out of order made that quadratic (5 s for 50,000 answers).
+			slices.SortFunc(unindexed, bytes.Compare)
+			j.log.Info().Int("answers", len(unindexed)).Msg("journal: answers indexed for the janitor")
+		}
 		err = j.db.Update(func(tx *bolt.Tx) error {
 			for _, k := range damaged {
 				if err := tx.Bucket(tasksBucket).Delete(k); err != nil {
+					return err
+				}
+			}
+			for _, k := range unindexed {
+				if err := tx.Bucket(answeredBucket).Put(k, []byte{}); err != nil {
 					return err
 				}
 			}
@@ -576,45 +634,62 @@ func (j *journal) load(now time.Time) (pending, answered []journalEntry, err err
 	return pending, answered, err
 }
 
-// sweep deletes answers older than the retention, looking at no more than limit
-// records per call and carrying on where the last call stopped. It returns how many
-// it deleted. A sweep that finds nothing writes nothing.
-func (j *journal) sweep(now time.Time, limit int) (int, error) {
-	var expired [][]byte
-	deleted := 0
-	err := j.db.View(func(tx *bolt.Tx) error {
-		c := tx.Bucket(tasksBucket).Cursor()
-		k, v := c.Seek(j.sweepFrom)
-		for n := 0; n < limit && k != nil; n++ {
-			if j.expired(finishedAt(v), now) {
+// sweep deletes the answers whose retention is over, oldest first, in transactions of
+// at most limit, until it finds no more or the journal closes; it returns how many it
+// deleted. It reads the index of answers by finish time from its oldest end, so it
+// looks at expired answers only, however many pending or recent ones the journal
+// holds. A sweep that finds nothing writes nothing.
+func (j *journal) sweep(now time.Time, limit int) (deleted int, err error) {
+	for {
+		select {
+		case <-j.stop:
+			return deleted, nil
+		default:
+		}
+		var expired [][]byte // index keys
+		err := j.db.View(func(tx *bolt.Tx) error {
+			c := tx.Bucket(answeredBucket).Cursor()
+			for k, _ := c.First(); k != nil && len(expired) < limit; k, _ = c.Next() {
+				if len(k) >= 8 && !j.expired(int64(binary.BigEndian.Uint64(k)), now) {
+					break
+				}
 				expired = append(expired, bytes.Clone(k))
 			}
-			k, v = c.Next()
+			return nil
+		})
+		if err != nil || len(expired) == 0 {
+			return deleted, err
 		}
-		j.sweepFrom = bytes.Clone(k) // nil at the end: the next sweep starts over
-		return nil
-	})
-	if err != nil || len(expired) == 0 {
-		return 0, err
-	}
-	err = j.db.Update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(tasksBucket)
-		for _, k := range expired {
-			// Look again: the id may have been accepted anew since the scan.
-			if v := b.Get(k); v == nil || !j.expired(finishedAt(v), now) {
-				continue
+		n := 0
+		err = j.db.Update(func(tx *bolt.Tx) error {
+			n = 0
+			b, index := tx.Bucket(tasksBucket), tx.Bucket(answeredBucket)
+			for _, k := range expired {
+				// The record goes only if it still holds that answer: the id may have been
+				// accepted anew since.
+				if len(k) >= 8 {
+					id := k[8:]
+					if v := b.Get(id); v != nil && finishedAt(v) == int64(binary.BigEndian.Uint64(k)) {
+						if err := b.Delete(id); err != nil {
+							return err
+						}
+						n++
+					}
+				}
+				if err := index.Delete(k); err != nil {
+					return err
+				}
 			}
-			if err := b.Delete(k); err != nil {
-				return err
-			}
-			deleted++
+			return nil
+		})
+		if err != nil {
+			return deleted, err
 		}
-		return nil
-	})
-	if err != nil {
-		return 0, err
+		deleted += n
+		if len(expired) < limit {
+			return deleted, nil
+		}
 	}
-	return deleted, nil
 }
 
 // close writes the queued answers and closes the file. Idempotent.

@@ -156,34 +156,149 @@ func TestJournalDeadlinesAndRetentionAcrossRestart(t *testing.T) {
 	}
 }
 
-// The janitor's work per sweep is bounded, and successive sweeps cover the journal.
-func TestJournalSweepIsBounded(t *testing.T) {
-	clock := &testClock{now: time.Now()}
-	j, err := openJournal(t.TempDir(), journalOptions{retention: time.Minute, lockTimeout: time.Second, log: zerolog.Nop()})
+// answerInJournal writes, as accept and the answers' writer would, a pending record of
+// each id and then its answer finished at finished (zero: left pending).
+func answerInJournal(t testing.TB, j *journal, finished time.Time, ids ...string) {
+	t.Helper()
+	batch := make([]journalEntry, 0, len(ids))
+	if err := j.db.Update(func(tx *bolt.Tx) error {
+		for _, id := range ids {
+			e := journalEntry{ID: id, Label: "m", TaskType: "t", Created: 1}
+			v, err := encodeEntry(&e)
+			if err != nil {
+				return err
+			}
+			if err := tx.Bucket(tasksBucket).Put([]byte(id), v); err != nil {
+				return err
+			}
+			e.Finished, e.Status, e.HTTPStatus = finished.UnixNano(), statusCompleted, 200
+			batch = append(batch, e)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !finished.IsZero() {
+		if err := j.writeAnswers(batch); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// journalKeys lists the keys of a journal's bucket.
+func journalKeys(t *testing.T, j *journal, bucket []byte) (keys []string) {
+	t.Helper()
+	if err := j.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucket).ForEach(func(k, _ []byte) error { keys = append(keys, string(k)); return nil })
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return keys
+}
+
+// The janitor deletes every expired answer, limit per transaction, and nothing else:
+// not pending tasks, not answers within the retention, not an id accepted anew after
+// its answer expired. A sweep with nothing to do writes nothing.
+func TestJournalSweepDeletesOnlyExpiredAnswers(t *testing.T) {
+	clock := &testClock{now: time.Unix(1_000_000, 0)}
+	j, err := openJournal(t.TempDir(), journalOptions{retention: time.Minute, lockTimeout: time.Second, log: zerolog.Nop(), now: clock.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer j.close()
-	for i := range 25 {
-		e := journalEntry{ID: fmt.Sprintf("t-%02d", i), Finished: clock.Now().UnixNano(), Status: statusCompleted}
-		if i%5 == 0 {
-			e.Finished = 0 // pending: never swept
+	var old []string
+	for i := range 15 {
+		old = append(old, fmt.Sprintf("old-%02d", i))
+	}
+	answerInJournal(t, j, clock.Now(), old...)
+	answerInJournal(t, j, clock.Now(), "reused")
+	clock.advance(time.Minute)
+	answerInJournal(t, j, time.Time{}, "pending-1", "pending-2")
+	answerInJournal(t, j, clock.Now(), "fresh-1", "fresh-2")
+	// reused's answer expired and the id was accepted anew: its index entry is stale.
+	if _, created, err := j.accept(&journalEntry{ID: "reused", Label: "m", Created: 2}, clock.Now()); err != nil || !created {
+		t.Fatalf("accept of an expired id: created %v, %v", created, err)
+	}
+
+	n, err := j.sweep(clock.Now(), 4)
+	if err != nil || n != 15 {
+		t.Fatalf("sweep deleted %d answers (%v), want the 15 expired ones", n, err)
+	}
+	if got, want := fmt.Sprint(journalKeys(t, j, tasksBucket)), "[fresh-1 fresh-2 pending-1 pending-2 reused]"; got != want {
+		t.Errorf("journal after the sweep holds %s, want %s", got, want)
+	}
+	if got := len(journalKeys(t, j, answeredBucket)); got != 2 {
+		t.Errorf("index after the sweep holds %d entries, want the 2 fresh answers'", got)
+	}
+	writes := func() int64 { st := j.db.Stats(); return st.TxStats.GetWrite() }
+	before := writes()
+	if n, err := j.sweep(clock.Now(), 4); n != 0 || err != nil || writes() != before {
+		t.Errorf("a sweep with nothing to delete: %d deleted (%v), %d pages written", n, err, writes()-before)
+	}
+}
+
+// Answers arriving faster than the janitor's limit per sweep are all deleted once
+// expired. Before, the limit counted every record looked at, pending and recent ones
+// too, with no catching up: above about limit answers per interval the journal grew
+// for good. Scaled down: limit 100, 150 answers a second, retention 10 s.
+func TestJournalSweepKeepsUpWithAnswers(t *testing.T) {
+	const limit, rate, seconds = 100, 150, 120
+	retention := 10 * time.Second
+	clock := &testClock{now: time.Unix(1_000_000, 0)}
+	j, err := openJournal(t.TempDir(), journalOptions{retention: retention, lockTimeout: time.Second, log: zerolog.Nop(), now: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.close()
+	j.db.NoSync = true // a test of counts, not of the disk
+	ids := make([]string, rate)
+	for s := range seconds {
+		clock.advance(time.Second)
+		for i := range ids {
+			ids[i] = fmt.Sprintf("t-%04d-%03d", s, i)
 		}
-		if _, _, err := j.accept(&e, clock.Now()); err != nil {
+		answerInJournal(t, j, clock.Now(), ids...)
+		if _, err := j.sweep(clock.Now(), limit); err != nil {
 			t.Fatal(err)
 		}
 	}
-	clock.advance(time.Minute)
-	total := 0
-	for range 3 {
-		n, err := j.sweep(clock.Now(), 10)
-		if err != nil || n > 10 {
-			t.Fatalf("sweep: %d %v", n, err)
-		}
-		total += n
+	// Within the retention: the answers of the last 10 seconds.
+	if got, want := len(journalKeys(t, j, tasksBucket)), rate*int(retention/time.Second); got != want {
+		t.Errorf("journal holds %d answers after %d s at %d/s with a %v retention; want %d", got, seconds, rate, retention, want)
 	}
-	if total != 20 {
-		t.Fatalf("swept %d answers, want 20", total)
+}
+
+// A journal written by a build without the index of answers still has its expired
+// answers swept: the start indexes them.
+func TestJournalWithoutIndexIsSwept(t *testing.T) {
+	dir := t.TempDir()
+	clock := &testClock{now: time.Unix(1_000_000, 0)}
+	opts := journalOptions{retention: time.Minute, lockTimeout: time.Second, log: zerolog.Nop(), now: clock.Now}
+	j, err := openJournal(dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	answerInJournal(t, j, clock.Now(), "a-1", "a-2")
+	answerInJournal(t, j, time.Time{}, "p-1")
+	if err := j.db.Update(func(tx *bolt.Tx) error { return tx.DeleteBucket(answeredBucket) }); err != nil {
+		t.Fatal(err)
+	}
+	j.close()
+
+	clock.advance(time.Minute)
+	j, err = openJournal(dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.close()
+	if _, _, err := j.load(clock.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := j.sweep(clock.Now(), 10); n != 2 || err != nil {
+		t.Errorf("sweep of an old journal deleted %d answers (%v), want 2", n, err)
+	}
+	if got := fmt.Sprint(journalKeys(t, j, tasksBucket)); got != "[p-1]" {
+		t.Errorf("old journal after the sweep holds %s, want [p-1]", got)
 	}
 }
 
@@ -282,7 +397,8 @@ func BenchmarkAsyncSubmit(b *testing.B) {
 }
 
 // FuzzDecodeJournalEntry: a journal record read from disk never panics the decoder,
-// and what it decodes survives a round trip unchanged.
+// what it decodes survives a round trip unchanged, and createdAt finds the Created of
+// every record the journal writes.
 func FuzzDecodeJournalEntry(f *testing.F) {
 	for _, e := range []journalEntry{
 		{ID: "t1", Label: "m", TaskType: "x", Params: []byte(`{"a":1}`), Created: 1, Deadline: 2},
@@ -298,6 +414,7 @@ func FuzzDecodeJournalEntry(f *testing.F) {
 	f.Add([]byte{})
 	f.Add([]byte("\x00\x00\x00\x00\x00\x00\x00\x01{"))
 	f.Add([]byte("\x00\x00\x00\x00\x00\x00\x00\x00null"))
+	f.Add([]byte("\x00\x00\x00\x00\x00\x00\x00\x00" + `{"id":",\"created\":7,","label":"\",\"created\":8","created":-3,"result":{"x":{"a":1,"created":9}}}`))
 	f.Fuzz(func(t *testing.T, v []byte) {
 		e1, err := decodeEntry(v)
 		if err != nil {
@@ -315,6 +432,9 @@ func FuzzDecodeJournalEntry(f *testing.F) {
 		b2, _ := encodeEntry(&e2)
 		if !bytes.Equal(b1, b2) || finishedAt(b1) != e1.Finished {
 			t.Fatalf("round trip changed the record:\n%q\n%q", b1, b2)
+		}
+		if got := createdAt(b1); got != e1.Created {
+			t.Fatalf("createdAt of %q = %d, want %d", b1, got, e1.Created)
 		}
 	})
 }
