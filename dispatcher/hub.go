@@ -295,15 +295,15 @@ func (h *hub) openJournal() error {
 	if err != nil {
 		return err
 	}
-	pending, answered, err := j.load(h.clock.Now())
+	l, err := j.load(h.clock.Now(), h.cfg.TaskRetentionCount, h.cfg.TaskRetentionBytes)
 	if err != nil {
 		j.close()
 		return fmt.Errorf("read journal: %w", err)
 	}
 	h.journal = j
-	requeued, expired := h.recover(pending, answered)
+	requeued, expired := h.recover(l)
 	h.log.Info().Str("data_dir", h.cfg.DataDir).Int("requeued", requeued).Int("expired", expired).
-		Int("answers", len(answered)).Msg("journal opened")
+		Int("answers", len(l.answered)).Bool("answers_left_on_disk", l.droppedAt != 0).Msg("journal opened")
 	return nil
 }
 
@@ -339,14 +339,16 @@ func (h *hub) knownLocked(id string) *taskRecord {
 }
 
 // recover takes over a journal's tasks at start: answers within the retention are
-// served again, pending tasks run again with their original deadlines, and pending
-// tasks whose deadline passed while no dispatcher ran are failed with 504.
-func (h *hub) recover(pending, answered []journalEntry) (requeued, expired int) {
-	// Oldest answer first, as the retention expects them (the journal is keyed by id).
-	sort.Slice(answered, func(i, j int) bool { return answered[i].Finished < answered[j].Finished })
-	for _, e := range answered {
+// served again (from memory those load kept, from the journal the rest), pending tasks
+// run again with their original deadlines, and pending tasks whose deadline passed
+// while no dispatcher ran are failed with 504.
+func (h *hub) recover(l loaded) (requeued, expired int) {
+	// Oldest answer first, as the retention expects them.
+	for _, e := range slices.Backward(l.answered) {
 		h.finished.add(recordFromEntry(e))
 	}
+	h.finished.droppedBefore(l.droppedAt)
+	pending := l.pending
 	// In the order they were accepted: the journal is keyed by id.
 	sort.Slice(pending, func(i, j int) bool { return pending[i].Created < pending[j].Created })
 	now := h.clock.Now()

@@ -579,50 +579,54 @@ func createdAt(v []byte) int64 {
 	return e.Created
 }
 
-// load returns every pending task and every answer still within the retention. It
-// also indexes the answers the index lacks: every answer of a journal written by a
-// build without the index, so that the janitor finds them.
-func (j *journal) load(now time.Time) (pending, answered []journalEntry, err error) {
+// loaded is what the journal holds at start, as load reads it.
+type loaded struct {
+	pending []journalEntry // every pending task, in no order
+	// answered are the newest answers within the retention that fit the bounds,
+	// newest first; droppedAt is the finish time (unix ns) of the newest one left
+	// out, zero when none was.
+	answered  []journalEntry
+	droppedAt int64
+}
+
+// load returns every pending task, and the newest answers within the retention, at
+// most maxAnswers of them holding at most maxBytes (entryBytes; the first is kept
+// whatever its size, as the retention keeps one): the journal may hold many times
+// what memory is allowed, and the rest stay on disk for GET /tasks/{id}. Answers are
+// decoded one at a time from the index, newest first, so the start's memory is the
+// bound, not the journal. It also indexes the answers the index lacks (every answer of
+// a journal written by a build without it), and deletes records it cannot decode.
+func (j *journal) load(now time.Time, maxAnswers int, maxBytes int64) (l loaded, err error) {
 	var damaged, unindexed [][]byte
+	// Pending tasks: the whole journal is walked, but answers are not decoded.
 	err = j.db.View(func(tx *bolt.Tx) error {
 		index := tx.Bucket(answeredBucket)
 		return tx.Bucket(tasksBucket).ForEach(func(k, v []byte) error {
-			fin := finishedAt(v)
-			if fin != 0 && index.Get(answeredKey(fin, k)) == nil {
-				unindexed = append(unindexed, answeredKey(fin, k))
-			}
-			if j.expired(fin, now) {
+			if fin := finishedAt(v); fin != 0 {
+				if index.Get(answeredKey(fin, k)) == nil {
+					unindexed = append(unindexed, answeredKey(fin, k))
+				}
 				return nil
 			}
 			e, err := decodeEntry(v)
 			if err != nil {
 				// One damaged record must not keep the dispatcher from starting; it is
-				// deleted below (its index entry, if any, goes with the janitor).
+				// deleted below, since the sweep, which reads only answers, never
+				// takes it.
 				j.log.Error().Err(err).Str("task_id", string(k)).Msg("journal: unreadable record deleted")
 				damaged = append(damaged, bytes.Clone(k))
 				return nil
 			}
-			if fin == 0 {
-				pending = append(pending, e)
-			} else {
-				answered = append(answered, e)
-			}
+			l.pending = append(l.pending, e)
 			return nil
 		})
 	})
-	if err == nil && len(damaged)+len(unindexed) > 0 {
-		if len(unindexed) > 0 {
-			// In order: bbolt inserts into one node until the commit splits it, and
-			// keys out of order made that quadratic (5 s for 50,000 answers).
-			slices.SortFunc(unindexed, bytes.Compare)
-			j.log.Info().Int("answers", len(unindexed)).Msg("journal: answers indexed for the janitor")
-		}
+	if err == nil && len(unindexed) > 0 {
+		// In order: bbolt inserts into one node until the commit splits it, and keys
+		// out of order made that quadratic (5 s for 50,000 answers).
+		slices.SortFunc(unindexed, bytes.Compare)
+		j.log.Info().Int("answers", len(unindexed)).Msg("journal: answers indexed for the janitor")
 		err = j.db.Update(func(tx *bolt.Tx) error {
-			for _, k := range damaged {
-				if err := tx.Bucket(tasksBucket).Delete(k); err != nil {
-					return err
-				}
-			}
 			for _, k := range unindexed {
 				if err := tx.Bucket(answeredBucket).Put(k, []byte{}); err != nil {
 					return err
@@ -631,7 +635,56 @@ func (j *journal) load(now time.Time) (pending, answered []journalEntry, err err
 			return nil
 		})
 	}
-	return pending, answered, err
+	if err != nil {
+		return loaded{}, err
+	}
+	// Answers, newest first, until the retention or the bounds end them.
+	var size int64
+	err = j.db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(tasksBucket)
+		c := tx.Bucket(answeredBucket).Cursor()
+		for k, _ := c.Last(); k != nil; k, _ = c.Prev() {
+			if len(k) < 8 {
+				continue
+			}
+			fin := int64(binary.BigEndian.Uint64(k))
+			if j.expired(fin, now) {
+				return nil
+			}
+			v := b.Get(k[8:])
+			if v == nil || finishedAt(v) != fin {
+				continue // the id was accepted anew: the entry waits for the janitor
+			}
+			e, err := decodeEntry(v)
+			if err != nil {
+				j.log.Error().Err(err).Str("task_id", string(k[8:])).Msg("journal: unreadable record deleted")
+				damaged = append(damaged, bytes.Clone(k[8:]))
+				continue
+			}
+			n := entryBytes(&e)
+			if len(l.answered) > 0 && (len(l.answered) >= maxAnswers || size+n > maxBytes) {
+				l.droppedAt = fin
+				return nil
+			}
+			l.answered = append(l.answered, e)
+			size += n
+		}
+		return nil
+	})
+	if err == nil && len(damaged) > 0 {
+		err = j.db.Update(func(tx *bolt.Tx) error {
+			for _, k := range damaged {
+				if err := tx.Bucket(tasksBucket).Delete(k); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	if err != nil {
+		return loaded{}, err
+	}
+	return l, nil
 }
 
 // sweep deletes the answers whose retention is over, oldest first, in transactions of

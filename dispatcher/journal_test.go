@@ -3,6 +3,7 @@ package dispatcher
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -150,9 +151,9 @@ func TestJournalDeadlinesAndRetentionAcrossRestart(t *testing.T) {
 		t.Fatalf("sweep deleted %d (%v), want the one expired answer", n, err)
 	}
 	// "keep" is still pending: the journal still holds it.
-	pending, answered, err := third.d.hub.journal.load(clock.Now())
-	if err != nil || len(pending) != 1 || pending[0].ID != "keep" || len(answered) != 0 {
-		t.Fatalf("journal after sweep: pending %v answered %v err %v", pending, answered, err)
+	l, err := third.d.hub.journal.load(clock.Now(), 100, 1<<20)
+	if err != nil || len(l.pending) != 1 || l.pending[0].ID != "keep" || len(l.answered) != 0 {
+		t.Fatalf("journal after sweep: pending %v answered %v err %v", l.pending, l.answered, err)
 	}
 }
 
@@ -291,7 +292,7 @@ func TestJournalWithoutIndexIsSwept(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer j.close()
-	if _, _, err := j.load(clock.Now()); err != nil {
+	if _, err := j.load(clock.Now(), 100, 1<<20); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := j.sweep(clock.Now(), 10); n != 2 || err != nil {
@@ -997,5 +998,59 @@ func TestJournalAnswerWritesOnlyOverItsOwnRun(t *testing.T) {
 	want := map[string]int64{"own": clock.Now().UnixNano(), "other": 0}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("journal after the answers (id: finish time): %v, want %v", got, want)
+	}
+}
+
+// At start only the newest answers that fit --task-retention-bytes (and the count) are
+// read into memory, one at a time; the older ones stay on disk, and GET /tasks/{id}
+// reads them there. Before, every answer within the retention was decoded into one
+// slice first: a journal larger than the memory allowed made every start run out of
+// it until the answers expired. Scaled down: 12 answers of 256 KiB, a 1 MiB bound.
+func TestStartReadsJournalAnswersWithinTheByteBound(t *testing.T) {
+	dir := t.TempDir()
+	clock := &testClock{now: time.Unix(1_000_000, 0)}
+	j, err := openJournal(dir, journalOptions{retention: time.Hour, lockTimeout: time.Second, log: zerolog.Nop(), now: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	result := json.RawMessage(`"` + strings.Repeat("r", 256<<10) + `"`)
+	var answers []journalEntry
+	for i := range 12 {
+		id := fmt.Sprintf("a-%02d", i)
+		answerInJournal(t, j, time.Time{}, id)
+		answers = append(answers, journalEntry{ID: id, Label: "m", TaskType: "t", Created: 1, Status: statusCompleted, HTTPStatus: 200,
+			Result: result, Finished: clock.Now().Add(time.Duration(i) * time.Second).UnixNano()})
+	}
+	if err := j.writeAnswers(answers); err != nil {
+		t.Fatal(err)
+	}
+	clock.advance(time.Minute)
+
+	const bound = 1 << 20 // three answers
+	l, err := j.load(clock.Now(), 100, bound)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	var size int64
+	for _, e := range l.answered {
+		ids = append(ids, e.ID)
+		size += entryBytes(&e)
+		if entryBytes(&e) != retainedBytes(recordFromEntry(e)) {
+			t.Fatalf("entryBytes %d, retainedBytes %d: the bound at start is not the bound in memory", entryBytes(&e), retainedBytes(recordFromEntry(e)))
+		}
+	}
+	if got := fmt.Sprint(ids); got != "[a-11 a-10 a-09]" || size > bound || l.droppedAt != answers[8].Finished {
+		t.Errorf("load with a %d-byte bound read %s (%d bytes, dropped up to %d); want [a-11 a-10 a-09] and a-08's finish time", bound, got, size, l.droppedAt)
+	}
+	j.close()
+
+	b := setup(t, Config{DataDir: dir, Clock: clock, TaskRetention: time.Hour, TaskRetentionBytes: bound})
+	t.Cleanup(func() { b.d.Close() })
+	if n := b.d.hub.finished.len(); n != 3 {
+		t.Errorf("memory holds %d answers after the start, want 3", n)
+	}
+	if code, out := b.get("/tasks/a-00"); code != http.StatusOK || out["status"] != "completed" || len(fmt.Sprint(out["result"])) != 256<<10 {
+		t.Errorf("GET /tasks/a-00, an answer left on disk at start: %d %v", code, out["status"])
 	}
 }

@@ -52,6 +52,19 @@ func retainedBytes(rec *taskRecord) int64 {
 	return int64(len(rec.result)+len(rec.errMsg)+len(rec.sched.ID)+len(rec.sched.Label)+len(rec.workerID)) + 512
 }
 
+// entryBytes is retainedBytes of the record recordFromEntry makes of e.
+func entryBytes(e *journalEntry) int64 {
+	return int64(len(e.Result)+len(e.Error)+len(e.ID)+len(e.Label)+len(e.WorkerID)) + 512
+}
+
+// droppedBefore notes that answers finished at or before at (unix ns) were left out
+// of memory (the journal's, at start), as dropOldest notes its own.
+func (r *retention) droppedBefore(at int64) {
+	if at > r.earlyDropAt.Load() {
+		r.earlyDropAt.Store(at)
+	}
+}
+
 // droppedAny says whether the count bound has ever dropped a record.
 func (r *retention) droppedAny() bool { return r.earlyDropAt.Load() != 0 }
 
@@ -83,9 +96,7 @@ func (r *retention) dropOldest() {
 	if !ok {
 		return
 	}
-	if at := old.finishedAt.UnixNano(); at > r.earlyDropAt.Load() {
-		r.earlyDropAt.Store(at)
-	}
+	r.droppedBefore(old.finishedAt.UnixNano())
 	r.tasks.RemoveOldest()
 }
 
