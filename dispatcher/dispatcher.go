@@ -465,6 +465,8 @@ func (d *Dispatcher) shutdown(srv *http.Server) error {
 	if errors.Is(err, context.DeadlineExceeded) {
 		err = srv.Close()
 	}
+	// The workers are gone: no released task changes any more.
+	d.hub.markReleased()
 	if cerr := d.Close(); cerr != nil && err == nil {
 		err = fmt.Errorf("close journal: %w", cerr)
 	}

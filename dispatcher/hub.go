@@ -342,6 +342,14 @@ func (h *hub) knownLocked(id string) *taskRecord {
 // served again (from memory those load kept, from the journal the rest), pending tasks
 // run again with their original deadlines, and pending tasks whose deadline passed
 // while no dispatcher ran are failed with 504.
+//
+// Each pending task is charged one start for every dispatcher that died holding it
+// (it may have been running, and may be what killed it), so that --max-attempts bounds
+// a task that crashes the dispatcher too; one that has used them up fails with 503.
+// The charge is written once here, for all tasks in one transaction, rather than a
+// count written at every start: that would cost a journal write per assignment. A
+// graceful shutdown writes the exact starts of the tasks it lets go (markReleased),
+// and those are not charged again.
 func (h *hub) recover(l loaded) (requeued, expired int) {
 	// Oldest answer first, as the retention expects them.
 	for _, e := range slices.Backward(l.answered) {
@@ -352,14 +360,37 @@ func (h *hub) recover(l loaded) (requeued, expired int) {
 	// In the order they were accepted: the journal is keyed by id.
 	sort.Slice(pending, func(i, j int) bool { return pending[i].Created < pending[j].Created })
 	now := h.clock.Now()
+	charged := make([]journalEntry, 0, len(pending))
 	for _, e := range pending {
+		if !e.Released {
+			e.Attempts++
+		}
+		e.Released = false
+		charged = append(charged, e)
+	}
+	if err := h.journal.rewritePending(charged); err != nil {
+		// The charges are lost as a crash before this point would lose them: the tasks
+		// still run.
+		h.log.Error().Err(err).Int("tasks", len(charged)).Msg("journal: starts of recovered tasks not written")
+	}
+	for _, e := range charged {
 		rec := &taskRecord{taskType: e.TaskType, params: e.Params, created: time.Unix(0, e.Created),
 			done: make(chan struct{}), journaled: true}
-		rec.sched = scheduler.Task{ID: e.ID, Label: e.Label, Deadline: time.Unix(0, e.Deadline), Ref: rec}
+		rec.sched = scheduler.Task{ID: e.ID, Label: e.Label, Deadline: time.Unix(0, e.Deadline), Attempt: e.Attempts, Ref: rec}
 		if !now.Before(rec.sched.Deadline) {
 			h.mu.Lock()
 			h.met.failedTask(rec, failDeadline)
 			h.finish(rec, statusFailed, http.StatusGatewayTimeout, "deadline passed while the dispatcher was down")
+			h.mu.Unlock()
+			expired++
+			continue
+		}
+		if e.Attempts >= h.cfg.Scheduler.MaxAttempts {
+			h.mu.Lock()
+			h.met.failedTask(rec, failWorkersLost)
+			h.finish(rec, statusFailed, http.StatusServiceUnavailable, fmt.Sprintf(
+				"%s: started or held by %d dispatchers that stopped without an answer (--max-attempts %d)",
+				scheduler.FailAttempts, e.Attempts, h.cfg.Scheduler.MaxAttempts))
 			h.mu.Unlock()
 			expired++
 			continue
@@ -984,6 +1015,24 @@ func (h *hub) releaseLocked(rec *taskRecord) {
 	rec.errMsg = "dispatcher shutting down; task " + rec.sched.ID + " is journaled and runs when the dispatcher starts again"
 	rec.retryAt = h.clock.Now().Add(unavailableRetryAfter)
 	close(rec.done)
+}
+
+// markReleased writes to the journal how many times each task let go at this
+// shutdown was started, so that the next start charges them with exactly that rather
+// than one more (see recover). Called once no task is released any more.
+func (h *hub) markReleased() {
+	if h.journal == nil {
+		return
+	}
+	h.mu.Lock()
+	entries := make([]journalEntry, 0, len(h.released))
+	for _, rec := range h.released {
+		entries = append(entries, journalEntry{ID: rec.sched.ID, Created: rec.run(), Attempts: rec.sched.Attempt})
+	}
+	h.mu.Unlock()
+	if err := h.journal.markReleased(entries); err != nil {
+		h.log.Error().Err(err).Int("tasks", len(entries)).Msg("journal: starts of released tasks not written; the next start charges them one more")
+	}
 }
 
 // unavailableRetryAfter is the Retry-After of the 503s that say "not now" (shutting

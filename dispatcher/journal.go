@@ -89,11 +89,16 @@ type journalEntry struct {
 	Error      string          `json:"error,omitempty"`
 	Result     json.RawMessage `json:"result,omitempty"`
 	WorkerID   string          `json:"worker_id,omitempty"`
-	Attempts   int             `json:"attempts,omitempty"`
-	LabelMiss  bool            `json:"label_miss,omitempty"`
-	QueueNS    int64           `json:"queue_ns,omitempty"`
-	LoadNS     int64           `json:"load_ns,omitempty"`
-	RunNS      int64           `json:"run_ns,omitempty"`
+	// Attempts is, for an answer, the task's starts; for a pending task, the starts it
+	// is charged with from earlier dispatchers (see hub.recover). Released: the last
+	// dispatcher let the pending task go at a graceful shutdown and wrote its starts
+	// exactly; otherwise it may have died with the task running.
+	Attempts  int   `json:"attempts,omitempty"`
+	Released  bool  `json:"released,omitempty"`
+	LabelMiss bool  `json:"label_miss,omitempty"`
+	QueueNS   int64 `json:"queue_ns,omitempty"`
+	LoadNS    int64 `json:"load_ns,omitempty"`
+	RunNS     int64 `json:"run_ns,omitempty"`
 }
 
 // journalOptions are what openJournal needs beyond the data dir.
@@ -685,6 +690,70 @@ func (j *journal) load(now time.Time, maxAnswers int, maxBytes int64) (l loaded,
 		return loaded{}, err
 	}
 	return l, nil
+}
+
+// rewritePending writes entries over the pending records of their own runs (the same
+// Created), in one transaction: the starts a recovery charges, or a shutdown's count
+// of them. A record answered or accepted anew meanwhile is left alone.
+func (j *journal) rewritePending(entries []journalEntry) error {
+	if len(entries) == 0 {
+		return nil
+	}
+	return j.db.Update(func(tx *bolt.Tx) error {
+		if j.writeFault != nil {
+			if err := j.writeFault(); err != nil {
+				return err
+			}
+		}
+		b := tx.Bucket(tasksBucket)
+		for i := range entries {
+			e := &entries[i]
+			key := []byte(e.ID)
+			if old := b.Get(key); old == nil || finishedAt(old) != 0 || createdAt(old) != e.Created {
+				continue
+			}
+			v, err := encodeEntry(e)
+			if err != nil {
+				return err
+			}
+			if err := b.Put(key, v); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// markReleased sets, on the pending record of each entry's run, the entry's Attempts
+// and Released, keeping the rest of the record (its parameters): a graceful shutdown
+// says how many times the tasks it let go were started.
+func (j *journal) markReleased(entries []journalEntry) error {
+	if len(entries) == 0 {
+		return nil
+	}
+	return j.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(tasksBucket)
+		for _, r := range entries {
+			key := []byte(r.ID)
+			old := b.Get(key)
+			if old == nil || finishedAt(old) != 0 {
+				continue
+			}
+			e, err := decodeEntry(old)
+			if err != nil || e.Created != r.Created {
+				continue
+			}
+			e.Attempts, e.Released = r.Attempts, true
+			v, err := encodeEntry(&e)
+			if err != nil {
+				return err
+			}
+			if err := b.Put(key, v); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 // sweep deletes the answers whose retention is over, oldest first, in transactions of

@@ -21,6 +21,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/smartroute/smartroute/dispatcher/scheduler"
 )
 
 // testClock is a clock the test moves by hand.
@@ -1052,5 +1054,70 @@ func TestStartReadsJournalAnswersWithinTheByteBound(t *testing.T) {
 	}
 	if code, out := b.get("/tasks/a-00"); code != http.StatusOK || out["status"] != "completed" || len(fmt.Sprint(out["result"])) != 256<<10 {
 		t.Errorf("GET /tasks/a-00, an answer left on disk at start: %d %v", code, out["status"])
+	}
+}
+
+// --max-attempts bounds a task that takes the dispatcher down with it: each dispatcher
+// that dies holding a journaled task charges it one start, and one that has used them
+// up fails with 503 at the next start instead of running again. Before, every restart
+// started its count afresh, so such a task crashed the dispatcher for good.
+func TestJournalChargesAStartPerDispatcherThatDied(t *testing.T) {
+	dir := t.TempDir()
+	clock := &testClock{now: time.Now()}
+	cfg := Config{DataDir: dir, Clock: clock, TaskRetention: time.Hour, Scheduler: scheduler.Config{MaxAttempts: 2}}
+	first := setup(t, cfg)
+	t.Cleanup(func() { first.d.Close() })
+	w1 := first.dial("w1", "m")
+	if code, out := first.post("/run-task", `{"task_id":"x","task_type":"t","label":"m","return_result":false}`); code != http.StatusAccepted {
+		t.Fatalf("submit: %d %v", code, out)
+	}
+	if a := w1.assignment(); a.TaskId != "x" || a.Attempt != 1 {
+		t.Fatalf("first start: %v", a)
+	}
+	if err := first.d.Close(); err != nil { // the dispatcher dies while x runs
+		t.Fatal(err)
+	}
+
+	second := setup(t, cfg)
+	t.Cleanup(func() { second.d.Close() })
+	if a := second.dial("w2", "m").assignment(); a.TaskId != "x" || a.Attempt != 2 {
+		t.Fatalf("after one crash x started as %v, want attempt 2", a)
+	}
+	if err := second.d.Close(); err != nil { // and again
+		t.Fatal(err)
+	}
+
+	third := setup(t, cfg)
+	t.Cleanup(func() { third.d.Close() })
+	code, out := third.get("/tasks/x")
+	if code != http.StatusOK || out["status"] != "failed" || out["attempts"] != float64(2) || !strings.Contains(fmt.Sprint(out["error"]), "--max-attempts 2") {
+		t.Fatalf("x after two crashes with --max-attempts 2: %d %v, want failed after 2 attempts", code, out)
+	}
+	if code, out := third.post("/run-task", `{"task_id":"x","task_type":"t","label":"m"}`); code != http.StatusServiceUnavailable {
+		t.Errorf("resubmission of x: %d %v, want its 503", code, out)
+	}
+}
+
+// A graceful shutdown writes how many times the tasks it leaves in the journal were
+// started, so that restarts (a rolling update) do not use up a queued task's attempts.
+func TestGracefulRestartsDoNotChargeQueuedTasks(t *testing.T) {
+	dir := t.TempDir()
+	clock := &testClock{now: time.Now()}
+	cfg := Config{DataDir: dir, Clock: clock, TaskRetention: time.Hour, Scheduler: scheduler.Config{MaxAttempts: 2}}
+	for i := range 3 {
+		b, cancel, runErr := run(t, cfg)
+		if i == 0 {
+			if code, out := b.post("/run-task", `{"task_id":"x","task_type":"t","label":"m","return_result":false}`); code != http.StatusAccepted {
+				t.Fatalf("submit: %d %v", code, out)
+			}
+		}
+		cancel() // SIGTERM: x, queued, is let go to the journal
+		if err := <-runErr; err != nil {
+			t.Fatalf("shutdown %d: %v", i, err)
+		}
+	}
+	b := setupJournaled(t, dir, clock)
+	if a := b.dial("w1", "m").assignment(); a.TaskId != "x" || a.Attempt != 1 {
+		t.Fatalf("after three graceful restarts x started as %v, want attempt 1", a)
 	}
 }
