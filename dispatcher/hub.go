@@ -452,12 +452,24 @@ func (h *hub) journaledAnswer(id string) *taskRecord {
 
 // apply acts on a scheduler outcome. Caller holds mu.
 func (h *hub) apply(out *scheduler.Outcome) {
+	released := false
 	for _, a := range out.Assigned {
 		rec := a.Task.Ref.(*taskRecord)
 		if rec.finished() {
 			// Finished records are read without the lock; the scheduler must have let
 			// go of them (Abandon, Cancel) before they were answered.
 			h.log.Error().Str("task_id", a.Task.ID).Msg("assignment of a finished task")
+			continue
+		}
+		if h.closing && rec.journaled && h.sched.Abandon(&rec.sched) {
+			// A journaled task back from its worker (lost, or refusing it) during
+			// shutdown goes to the journal for the next start, as releaseRequeued lets
+			// go of one still queued; the scheduler may have placed it on another
+			// worker in the same outcome. Taken back before its assignment goes out,
+			// it was not started again.
+			rec.sched.Attempt--
+			h.releaseLocked(rec)
+			released = true
 			continue
 		}
 		rec.workerID = a.WorkerID
@@ -517,7 +529,7 @@ func (h *hub) apply(out *scheduler.Outcome) {
 		h.met.failedTask(rec, failReasonOf(f.Reason))
 		h.finish(rec, statusFailed, status, msg)
 	}
-	if len(h.running) > 0 {
+	if len(h.running) > 0 || released {
 		h.releaseRequeued()
 	}
 }
