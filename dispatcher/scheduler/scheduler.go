@@ -1102,14 +1102,22 @@ func (s *Scheduler) loadEndBeatsWait(h *heldLabel, ahead int) bool {
 }
 
 // remaining is how long until w is expected to have a free slot: zero when it has one,
-// else the least time left among its running tasks by their labels' estimates.
+// else the least time left among its running tasks by their labels' estimates. A task
+// that has overrun its estimate is not taken to be ending now: it is expected to go on
+// for as long again as it has overrun (zero at the estimate, growing after), so that a
+// holder stuck on a long task stops looking about to free and the tasks waiting for it
+// are loaded elsewhere (overdue, loadBeatsWait) instead of waiting out their bound.
 func (s *Scheduler) remaining(w *worker) time.Duration {
 	if len(w.running) < w.slots {
 		return 0
 	}
 	left := time.Duration(-1)
 	for _, t := range w.running {
-		if d := max(s.expectedRun(w, t)-s.now.Sub(t.Started), 0); left < 0 || d < left {
+		d := s.expectedRun(w, t) - s.now.Sub(t.Started)
+		if d < 0 {
+			d = -d
+		}
+		if left < 0 || d < left {
 			left = d
 		}
 	}
@@ -1404,11 +1412,13 @@ func (s *Scheduler) failUnloadable() {
 	}
 }
 
-// passOverScan bounds how far down the global queue a freed worker looks for a task it
-// should load for, keeping the cost of a completion independent of queue length.
+// passOverScan bounds how many of the oldest queued tasks it could take a freed worker
+// looks at for one past its pass-over bound, keeping the cost of a completion
+// independent of queue length.
 const passOverScan = 8
 
-// passOverWalk bounds how many queued tasks one pick walks past.
+// passOverWalk bounds how many queued tasks one pick walks past, counting those that
+// passOverScan and the backlog scan do not.
 const passOverWalk = 64
 
 // pick chooses the next task for a worker that has a free slot, or nil. Every task it
@@ -1439,8 +1449,18 @@ func (s *Scheduler) pick(w *worker) *Task {
 	}
 	// Rule 4: no task is passed over for longer than its bound; not only the head, which
 	// this worker may be unable to take (its backend cannot load it, or it failed here).
+	// n counts only tasks this worker could ever take: those it never can (their label
+	// is not loadable here, or failed to load here) do not count, so that older tasks
+	// for other workers cannot hide an aged task w could take behind them; walked is
+	// the hard bound. (Counting one task per label backlog instead looks further down
+	// the queue: with a tight bound, 5 loads, the 4-slot simulation then served aged
+	// tasks all the more FIFO, 459 misses and 12.5 s mean latency against 298 and 6.6 s.)
 	n := 0
-	for t := head; t != nil && n < passOverScan; t, n = t.global.next, n+1 {
+	for t, walked := head, 0; t != nil && n < passOverScan && walked < passOverWalk; t, walked = t.global.next, walked+1 {
+		if t.excludes(w.id) || (!w.canLoad(t.Label) && w.find(t.Label) < 0) {
+			continue
+		}
+		n++
 		if !s.passedOverTooLong(t) {
 			continue
 		}

@@ -39,6 +39,16 @@ func (b *bundle) worker(id string, maxLabels, slots int, labels ...string) []Ass
 	return append([]Assignment(nil), out.Assigned...)
 }
 
+// spec adds a worker described in full (what it can load, say).
+func (b *bundle) spec(spec WorkerSpec) []Assignment {
+	b.t.Helper()
+	out, err := b.s.AddWorker(spec)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	return append([]Assignment(nil), out.Assigned...)
+}
+
 func (b *bundle) task(label string) *Task {
 	b.n++
 	return &Task{ID: fmt.Sprintf("t%d", b.n), Label: label}

@@ -110,3 +110,55 @@ func TestRandomModeNewTaskDoesNotOvertakeHead(t *testing.T) {
 	}
 	check(t, b.s)
 }
+
+// Rule 4's scan for tasks past their bound counts only tasks the freed worker could
+// take: older tasks whose label only another, busy, worker can load do not hide an
+// aged task behind them (eight of them did: the scan looked at the 8 oldest tasks).
+func TestAgedTaskNotHiddenByOlderTasksTheWorkerCannotLoad(t *testing.T) {
+	t.Parallel()
+	// A bound of 1 ms, so that the aged task's holder is not yet past its run estimate
+	// (that would make the task overdue, a different path).
+	b := setup(t, Config{MaxPassOver: time.Millisecond, PassOverLoads: 0.001, FleetSettle: time.Hour})
+	b.spec(WorkerSpec{ID: "gpu", MaxLabels: 1, Slots: 1, Loadable: []string{"a"}})
+	b.spec(WorkerSpec{ID: "holder", MaxLabels: 1, Slots: 1, Labels: []string{"b"}, Loadable: []string{"b"}})
+	if a := one(t, b.submit(b.task("a"))); a.WorkerID != "gpu" {
+		t.Fatalf("first a on %s, want gpu", a.WorkerID)
+	}
+	for i := 0; i < 2*passOverScan; i++ {
+		none(t, b.submit(b.task("a"))) // only gpu can load a, and it is busy
+	}
+	one(t, b.submit(b.task("b")))
+	aged := b.task("b")
+	none(t, b.submit(aged)) // its holder frees within 50 ms: waiting beats a load
+	none(t, b.spec(WorkerSpec{ID: "w", MaxLabels: 1, Slots: 1, Loadable: []string{"b"}}))
+	b.clock.advance(10 * time.Millisecond) // past the bound, not past the holder's estimate
+	as := b.s.Rebalance().Assigned
+	if len(as) != 1 || as[0].Task != aged || as[0].WorkerID != "w" || !as[0].Load {
+		t.Fatalf("got %+v, want the aged %s loading b on w", as, aged.ID)
+	}
+	check(t, b.s)
+}
+
+// A holder that has overrun its run estimate is not taken to be about to free: the
+// task waiting for it is overdue once it has waited longer than a load would take, and
+// a free worker loads its label, rather than waiting out the pass-over bound (40 s).
+func TestHolderPastItsRunEstimateIsNotAboutToFree(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	b.worker("holder", 1, 1, "b")
+	long := b.task("b")
+	one(t, b.submit(long))
+	waiting := b.task("b")
+	none(t, b.submit(waiting)) // the holder should free within 50 ms
+	none(t, b.spec(WorkerSpec{ID: "free", MaxLabels: 1, Slots: 1}))
+	b.clock.advance(300 * time.Millisecond) // 250 ms past the estimate: not yet
+	if as := b.s.Rebalance().Assigned; len(as) != 0 {
+		t.Fatalf("assigned %+v while the holder's overrun is shorter than half a load", as)
+	}
+	b.clock.advance(700 * time.Millisecond)
+	as := b.s.Rebalance().Assigned
+	if len(as) != 1 || as[0].Task != waiting || as[0].WorkerID != "free" || !as[0].Load {
+		t.Fatalf("got %+v, want %s loading b on the free worker", as, waiting.ID)
+	}
+	check(t, b.s)
+}
