@@ -1445,7 +1445,11 @@ func (s *Scheduler) pick(w *worker) *Task {
 		if w.reservedFor == nil && head.reservedOn == nil && mayLoad(w, head) {
 			s.reserve(w, head)
 		}
-		return nil
+		// Else the oldest task it can take: a worker that cannot take the head (its
+		// backend cannot load it, or every label is in use) must not idle while an
+		// older task waits that a newer one would overtake on it (place takes any free
+		// worker that can take a new task).
+		return s.oldestTakeable(w, head.global.next)
 	}
 	// Rule 4: no task is passed over for longer than its bound; not only the head, which
 	// this worker may be unable to take (its backend cannot load it, or it failed here).
@@ -1502,6 +1506,26 @@ func (s *Scheduler) pick(w *worker) *Task {
 			continue
 		}
 		if ls.active == 0 || s.loadBeatsWait(t.Label, ls, ls.queued-1) || s.overdue(t) {
+			return t
+		}
+	}
+	return nil
+}
+
+// oldestTakeable is the first task from t on in the global queue, among passOverWalk,
+// that w may take now (see takes and canTake), or nil.
+func (s *Scheduler) oldestTakeable(w *worker, t *Task) *Task {
+	// canTake's test for room, once: whether w has room or an idle label to evict.
+	room := len(w.held) < w.capacity || s.lruVictim(w) >= 0
+	for n := 0; t != nil && n < passOverWalk; t, n = t.global.next, n+1 {
+		if t.excludes(w.id) || !w.takes(t) {
+			continue
+		}
+		if i := w.find(t.Label); i >= 0 {
+			if !w.held[i].doomed {
+				return t
+			}
+		} else if room && w.canLoad(t.Label) {
 			return t
 		}
 	}

@@ -162,3 +162,33 @@ func TestHolderPastItsRunEstimateIsNotAboutToFree(t *testing.T) {
 	}
 	check(t, b.s)
 }
+
+// Random mode is one FIFO to any free worker: a worker that cannot take the head (its
+// backend cannot load the head's label) takes the oldest task it can, rather than idle
+// while a task submitted later is placed on it ahead of an older one.
+func TestRandomModeWorkerThatCannotTakeHeadTakesOldestItCan(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{Policy: PolicyRandom, Seed: 1, FleetSettle: time.Hour})
+	b.spec(WorkerSpec{ID: "wa", MaxLabels: 1, Slots: 1, Loadable: []string{"a"}})
+	b.spec(WorkerSpec{ID: "wb", MaxLabels: 1, Slots: 1, Loadable: []string{"b"}})
+	a1, b1 := b.task("a"), b.task("b")
+	if a := one(t, b.submit(a1)); a.WorkerID != "wa" {
+		t.Fatalf("a1 on %s, want wa", a.WorkerID)
+	}
+	one(t, b.submit(b1))
+	head, a2 := b.task("b"), b.task("a")
+	none(t, b.submit(head)) // only wb can load b
+	none(t, b.submit(a2))
+	if a := one(t, b.complete(a1, false)); a.Task != a2 || a.WorkerID != "wa" {
+		t.Fatalf("wa took %s, want %s, the oldest task it can take", a.Task.ID, a2.ID)
+	}
+	a3 := b.task("a")
+	none(t, b.submit(a3)) // wa is busy with a2: a3 queues behind it
+	if a := one(t, b.complete(b1, false)); a.Task != head || a.WorkerID != "wb" {
+		t.Fatalf("wb took %s, want the head %s", a.Task.ID, head.ID)
+	}
+	if a := one(t, b.complete(a2, false)); a.Task != a3 {
+		t.Fatalf("wa took %s, want %s", a.Task.ID, a3.ID)
+	}
+	check(t, b.s)
+}
