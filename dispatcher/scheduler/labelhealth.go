@@ -27,16 +27,16 @@ func (s *Scheduler) LabelLoadFailed(workerID, label, loadError string) *Outcome 
 	out := s.reset()
 	w, ok := s.workers[workerID]
 	if !ok {
-		return out
+		return s.settle(out)
 	}
 	if _, asked := w.loadsAsked[label]; !asked && w.find(label) < 0 {
-		return out
+		return s.settle(out)
 	}
 	if s.recordLoadFailure(label, loadError) {
 		s.failQueued(label, loadError)
 	}
 	s.labelGone(workerID, label)
-	return out
+	return s.settle(out)
 }
 
 // failQueued fails every task queued for a label that has just been marked failing.
@@ -75,7 +75,7 @@ func (s *Scheduler) LoadFailed(workerID string, t *Task, loadError string) (*Out
 		out.Failed = append(out.Failed, Failure{Task: t, Reason: FailLabelFailing, LoadError: loadError})
 		s.failQueued(t.Label, loadError) // tasks requeued since the label was marked
 		s.fill(w)
-		return out, nil
+		return s.settle(out), nil
 	}
 	// A deadline passed during the failed load wins, as in failSpent: the producer ran
 	// out of time, whatever else happened.
@@ -83,13 +83,13 @@ func (s *Scheduler) LoadFailed(workerID string, t *Task, loadError string) (*Out
 		t.state = stateDone
 		out.Failed = append(out.Failed, Failure{Task: t, Reason: FailDeadline})
 		s.fill(w)
-		return out, nil
+		return s.settle(out), nil
 	}
 	if t.Attempt >= s.cfg.MaxAttempts {
 		t.state = stateDone
 		out.Failed = append(out.Failed, Failure{Task: t, Reason: FailLoad, LoadError: loadError})
 		s.fill(w)
-		return out, nil
+		return s.settle(out), nil
 	}
 	// Failed on every connected worker that could take it: nowhere left to go, so the
 	// load error now, unless the fleet is still changing (then the sweep decides).
@@ -97,7 +97,7 @@ func (s *Scheduler) LoadFailed(workerID string, t *Task, loadError string) (*Out
 		t.state = stateDone
 		out.Failed = append(out.Failed, Failure{Task: t, Reason: FailLoad, LoadError: loadError})
 		s.fill(w)
-		return out, nil
+		return s.settle(out), nil
 	}
 	s.enqueue(t, true)
 	// The workers it may still go to can leave: the sweep looks at it again then.
@@ -109,7 +109,7 @@ func (s *Scheduler) LoadFailed(workerID string, t *Task, loadError string) (*Out
 	}
 	s.fill(w)
 	s.offerFree()
-	return out, nil
+	return s.settle(out), nil
 }
 
 // excludedTask is a task requeued after a failed load, with the load's error.

@@ -262,6 +262,16 @@ type Scheduler struct {
 	// calls visit every free worker in turn rather than the same last few.
 	offerPos int
 	offerBuf []*worker
+
+	// wakeWorkers are workers whose reservation went with its task (the task left the
+	// queue), and wakeLabels labels whose queued tasks lost their last active holder
+	// (evicted, doomed, gone), during the call in progress or a call that returns no
+	// Outcome (Cancel, Abandon). settle, at the end of the next call that returns one,
+	// fills the workers and offers each label's oldest task for a load: without it they
+	// waited for a Rebalance to reach them, which visits only rebalanceTries free
+	// workers per call.
+	wakeWorkers []*worker
+	wakeLabels  []string
 }
 
 // New returns a Scheduler. It fails only for an invalid config.
@@ -365,7 +375,7 @@ func (s *Scheduler) AddWorker(spec WorkerSpec) (*Outcome, error) {
 	}
 	s.refreshFree(w)
 	s.fill(w)
-	return out, nil
+	return s.settle(out), nil
 }
 
 // RemoveWorker forgets a worker. Its running tasks go back to the front of the queue
@@ -411,7 +421,7 @@ func (s *Scheduler) RemoveWorker(id string) (*Outcome, error) {
 		}
 	}
 	s.offerFree()
-	return out, nil
+	return s.settle(out), nil
 }
 
 // SetAccepting marks a worker as taking tasks or not (draining, backend down).
@@ -426,7 +436,7 @@ func (s *Scheduler) SetAccepting(id string, accepting bool) (*Outcome, error) {
 	if !accepting {
 		s.offerFree() // tasks that waited for this worker's labels may go elsewhere
 	}
-	return out, nil
+	return s.settle(out), nil
 }
 
 // SetLoadable replaces the labels a worker's backend can load (empty means any), as
@@ -441,7 +451,7 @@ func (s *Scheduler) SetLoadable(id string, loadable []string) (*Outcome, error) 
 	}
 	next := loadableSet(loadable)
 	if maps.Equal(next, w.loadable) { // loadableSet gives nil, never an empty set, for "any"
-		return out, nil // the same list again: nothing changed, so no new settling wait
+		return s.settle(out), nil // the same list again: nothing changed, so no new settling wait
 	}
 	s.countLoadable(w, -1)
 	w.loadable = next
@@ -451,7 +461,7 @@ func (s *Scheduler) SetLoadable(id string, loadable []string) (*Outcome, error) 
 	s.fleetChanged = s.now
 	s.sweepUnloadable = true
 	s.fill(w)
-	return out, nil
+	return s.settle(out), nil
 }
 
 // loadableSet is a worker's loadable labels as a set; nil (any label) for none.
@@ -479,6 +489,7 @@ func (s *Scheduler) setAccepting(w *worker, accepting bool) {
 			h.state.active++
 		} else {
 			h.state.active--
+			s.lostHolder(h.state, h.label)
 		}
 	}
 	w.accepting = accepting
@@ -502,12 +513,12 @@ func (s *Scheduler) Submit(t *Task) (*Outcome, error) {
 	if lf := s.failingNow(t.Label, t.Enqueued); lf != nil {
 		t.state = stateDone
 		out.Failed = append(out.Failed, Failure{Task: t, Reason: FailLabelFailing, LoadError: lf.lastError})
-		return out, nil
+		return s.settle(out), nil
 	}
 	if !s.someWorkerCanLoad(t.Label) {
 		t.state = stateDone
 		out.Failed = append(out.Failed, Failure{Task: t, Reason: FailNoWorkerCanLoad})
-		return out, nil
+		return s.settle(out), nil
 	}
 	// Placed or queued below, so the label's state stays; place finds it through the task.
 	t.labelState = s.label(t.Label)
@@ -518,7 +529,7 @@ func (s *Scheduler) Submit(t *Task) (*Outcome, error) {
 			s.sweepUnloadable = true
 		}
 	}
-	return out, nil
+	return s.settle(out), nil
 }
 
 // countLoadable adds (delta 1) or removes (-1) w's backend's labels from the counts
@@ -585,7 +596,7 @@ func (s *Scheduler) Complete(workerID string, t *Task, obs Observation) (*Outcom
 	}
 	s.release(w, t.Label, obs.Loaded, obs.Failed && !obs.Loaded)
 	s.fill(w)
-	return out, nil
+	return s.settle(out), nil
 }
 
 // release ends one task's use of a label on w: a doomed label goes with its last task.
@@ -678,7 +689,7 @@ func (s *Scheduler) Requeue(workerID string, t *Task) (*Outcome, error) {
 	s.takeBack(w, i, t, true)
 	if t.Attempt >= s.cfg.MaxAttempts {
 		s.failSpent(t)
-		return out, nil
+		return s.settle(out), nil
 	}
 	s.enqueue(t, true)
 	s.expireDue() // its deadline may have passed since it was assigned
@@ -692,14 +703,16 @@ func (s *Scheduler) Requeue(workerID string, t *Task) (*Outcome, error) {
 		s.place(t)
 	}
 	s.offerFree()
-	return out, nil
+	return s.settle(out), nil
 }
 
-// Expire fails every queued task whose deadline has passed.
+// Expire fails every queued task whose deadline has passed. Its Outcome may assign
+// tasks too: to a worker that was freeing a label for a task that expired, say, or
+// that a call returning no Outcome (Cancel, Abandon) left able to take one.
 func (s *Scheduler) Expire() *Outcome {
 	out := s.reset()
 	s.expireDue()
-	return out
+	return s.settle(out)
 }
 
 // ExpireRunning fails, with FailOverrun, every running attempt whose deadline passed
@@ -761,7 +774,8 @@ func (s *Scheduler) NextDeadline() (time.Time, bool) {
 	return s.deadline[0].Deadline, true
 }
 
-// Cancel removes a queued task; it reports false when the task is not queued.
+// Cancel removes a queued task; it reports false when the task is not queued. A worker
+// that was freeing a label for it takes tasks again in the next call's Outcome.
 func (s *Scheduler) Cancel(t *Task) bool {
 	if t.state != stateQueued {
 		return false
@@ -777,7 +791,7 @@ func (s *Scheduler) LabelLoaded(workerID, label string) *Outcome {
 	out := s.reset()
 	w, ok := s.workers[workerID]
 	if !ok {
-		return out
+		return s.settle(out)
 	}
 	delete(w.loadsAsked, label)
 	delete(w.evictsAsked, label) // kept after all (the agent's confirmation of a refused eviction)
@@ -799,21 +813,21 @@ func (s *Scheduler) LabelLoaded(workerID, label string) *Outcome {
 			// Tasks may have queued for a busy holder rather than wait out this load.
 			s.fill(w)
 		}
-		return out
+		return s.settle(out)
 	}
 	// The worker loaded a label we did not ask for: believe it, making room in our
 	// view by dropping the least recently used label that is not in use.
 	if len(w.held) >= w.capacity {
 		v := s.lruVictim(w)
 		if v < 0 {
-			return out
+			return s.settle(out)
 		}
 		s.dropHeld(w, v)
 	}
 	s.addHeld(w, label, false)
 	s.refreshFree(w)
 	s.fill(w)
-	return out
+	return s.settle(out)
 }
 
 // LabelLoading records that a worker started loading a label (a LOADING event): a copy
@@ -849,7 +863,7 @@ func (s *Scheduler) Unloaded(workerID, label string) bool {
 func (s *Scheduler) LabelGone(workerID, label string) *Outcome {
 	out := s.reset()
 	s.labelGone(workerID, label)
-	return out
+	return s.settle(out)
 }
 
 func (s *Scheduler) labelGone(workerID, label string) {
@@ -1326,6 +1340,42 @@ func (s *Scheduler) fill(w *worker) {
 	}
 }
 
+// settle ends a call that returns out: it fills the workers and offers the labels that
+// wakeWorkers and wakeLabels name (filling may add more), then returns out.
+func (s *Scheduler) settle(out *Outcome) *Outcome {
+	for i, j := 0, 0; i < len(s.wakeWorkers) || j < len(s.wakeLabels); {
+		if i < len(s.wakeWorkers) {
+			w := s.wakeWorkers[i]
+			i++
+			if s.workers[w.id] == w { // not removed since
+				s.fill(w)
+			}
+			continue
+		}
+		ls := s.labels[s.wakeLabels[j]]
+		j++
+		if ls == nil || ls.active > 0 || s.cfg.Policy == PolicyRandom {
+			continue // served after all (or by the common FIFO, random mode)
+		}
+		if t := ls.queue.head; t != nil && s.place(t) {
+			s.fill(t.worker) // tasks behind it may join its load there
+		}
+	}
+	clear(s.wakeWorkers)
+	s.wakeWorkers = s.wakeWorkers[:0]
+	clear(s.wakeLabels)
+	s.wakeLabels = s.wakeLabels[:0]
+	return out
+}
+
+// lostHolder notes that ls lost an active holder: when it was the last and tasks wait
+// for the label, settle offers them to the free workers.
+func (s *Scheduler) lostHolder(ls *labelState, label string) {
+	if ls.active == 0 && ls.queued > 0 {
+		s.wakeLabels = append(s.wakeLabels, label)
+	}
+}
+
 // rebalanceTries bounds how many free workers one offerFree call visits.
 const rebalanceTries = 32
 
@@ -1373,7 +1423,7 @@ func (s *Scheduler) Rebalance() *Outcome {
 			break
 		}
 	}
-	return out
+	return s.settle(out)
 }
 
 // failUnloadable fails the queued tasks whose label no connected worker can load, and
@@ -1554,8 +1604,9 @@ func (s *Scheduler) enqueue(t *Task, front bool) {
 }
 
 func (s *Scheduler) unqueue(t *Task) {
-	if t.reservedOn != nil {
-		unreserve(t.reservedOn)
+	if w := t.reservedOn; w != nil {
+		unreserve(w)
+		s.wakeWorkers = append(s.wakeWorkers, w) // it took no tasks of a label it held
 	}
 	ls := t.labelState
 	s.queue.remove(t)
@@ -1626,6 +1677,7 @@ func (s *Scheduler) doom(w *worker, h *heldLabel) {
 	}
 	if w.accepting {
 		h.state.active--
+		s.lostHolder(h.state, h.label)
 	}
 	h.doomed = true
 	if h.idlePos >= 0 {
@@ -1651,6 +1703,7 @@ func (s *Scheduler) dropHeld(w *worker, i int) {
 	}
 	if w.accepting && !h.doomed {
 		h.state.active--
+		s.lostHolder(h.state, h.label)
 	}
 	h.state.all.remove(h.allPos)
 	h.state.holders--
