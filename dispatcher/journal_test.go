@@ -1121,3 +1121,36 @@ func TestGracefulRestartsDoNotChargeQueuedTasks(t *testing.T) {
 		t.Fatalf("after three graceful restarts x started as %v, want attempt 1", a)
 	}
 }
+
+// A submission whose deadline passes during its journal write is never run: the
+// producer gets 504 at once (not 202 for a task that will never run), and the journal
+// record is answered, so a restart does not run it either.
+func TestSubmissionPastItsDeadlineAtAdmissionAnswers504(t *testing.T) {
+	dir := t.TempDir()
+	clock := &testClock{now: time.Now()}
+	cfg := Config{DataDir: dir, Clock: clock, TaskRetention: time.Hour}
+	cfg.onJournalAccept = func(taskID string, created bool) {
+		if taskID == "late" {
+			clock.advance(2 * time.Second) // a journal write slower than the timeout
+		}
+	}
+	b := setup(t, cfg)
+	w := b.dial("w1", "m")
+	const late = `{"task_id":"late","task_type":"t","label":"m","return_result":false,"timeout_ms":1000}`
+	if code, out := b.post("/run-task", late); code != http.StatusGatewayTimeout {
+		t.Fatalf("late submission: %d %v, want 504", code, out)
+	}
+	if code, out := b.post("/run-task", `{"task_id":"next","task_type":"t","label":"m","return_result":false}`); code != http.StatusAccepted {
+		t.Fatalf("next submission: %d %v", code, out)
+	}
+	if got := w.assignment(); got.TaskId != "next" {
+		t.Fatalf("worker got %s, want next: the late task must not run", got.TaskId)
+	}
+	if err := b.d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	after := setupJournaled(t, dir, clock)
+	if code, out := after.get("/tasks/late"); code != http.StatusOK || out["status"] != "failed" {
+		t.Fatalf("late task after a restart: %d %v, want it failed", code, out)
+	}
+}

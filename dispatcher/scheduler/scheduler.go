@@ -133,8 +133,8 @@ func (c Config) validate() error {
 type FailReason int
 
 const (
-	// FailDeadline: the task's deadline passed while it was queued, or before its last
-	// attempt was lost or refused.
+	// FailDeadline: the task's deadline passed while it was queued, before it was
+	// submitted, or before its last attempt was lost or refused.
 	FailDeadline FailReason = iota + 1
 	// FailAttempts: the task's workers were lost, or refused it, MaxAttempts times.
 	FailAttempts
@@ -510,6 +510,13 @@ func (s *Scheduler) Submit(t *Task) (*Outcome, error) {
 	t.seq = s.nextSeq
 	s.nextSeq++
 	t.Enqueued = s.now
+	// Its deadline may have passed before it got here (the owner sets it before a slow
+	// journal write, say): rule 6, never run it, with no load or eviction on its behalf.
+	if !t.Deadline.IsZero() && !t.Deadline.After(s.now) {
+		t.state = stateDone
+		out.Failed = append(out.Failed, Failure{Task: t, Reason: FailDeadline})
+		return s.settle(out), nil
+	}
 	if lf := s.failingNow(t.Label, t.Enqueued); lf != nil {
 		t.state = stateDone
 		out.Failed = append(out.Failed, Failure{Task: t, Reason: FailLabelFailing, LoadError: lf.lastError})

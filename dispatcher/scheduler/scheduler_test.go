@@ -1104,3 +1104,28 @@ func TestRemovedWorkerDoesNotRequeueAnOverrunTask(t *testing.T) {
 		t.Fatalf("the overrun task came back: assigned %+v, failed %+v, queued %d", out.Assigned, out.Failed, b.s.QueuedTasks())
 	}
 }
+
+// Rule 6 at submission: a task whose deadline has already passed (the owner set it
+// before a slow journal write) fails with FailDeadline, with no load or eviction.
+func TestSubmitFailsTaskWhoseDeadlineHasPassed(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	b.worker("w", 2, 1, "a")
+	for _, late := range []time.Duration{time.Millisecond, 0} {
+		tk := b.task("b")
+		tk.Deadline = b.clock.now.Add(-late)
+		out, err := b.s.Submit(tk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(out.Assigned) != 0 || len(out.Failed) != 1 || out.Failed[0].Task != tk || out.Failed[0].Reason != FailDeadline {
+			t.Fatalf("deadline %v ago: assigned %+v, failed %+v; want it failed with FailDeadline", late, out.Assigned, out.Failed)
+		}
+	}
+	tk := b.task("b")
+	tk.Deadline = b.clock.now.Add(time.Millisecond)
+	if a := one(t, b.submit(tk)); a.Task != tk || !a.Load {
+		t.Fatalf("got %+v, want the task with a deadline ahead loading b", a)
+	}
+	check(t, b.s)
+}
