@@ -14,6 +14,7 @@
 package scheduler
 
 import (
+	"cmp"
 	"container/heap"
 	"errors"
 	"fmt"
@@ -396,7 +397,10 @@ func (s *Scheduler) RemoveWorker(id string) (*Outcome, error) {
 	s.sweepUnloadable = true
 	lost := w.running
 	w.running = nil
-	// Requeue newest first so that, pushed to the front one by one, the oldest ends first.
+	// Requeue newest first so that, pushed to the front one by one, the oldest ends
+	// first. w.running is not in submission order (unrun swaps the last task into the
+	// slot it frees), so sort it first.
+	slices.SortFunc(lost, func(a, b *Task) int { return cmp.Compare(a.seq, b.seq) })
 	for i := len(lost) - 1; i >= 0; i-- {
 		t := lost[i]
 		t.worker = nil

@@ -3,6 +3,7 @@ package scheduler
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -1126,6 +1127,34 @@ func TestSubmitFailsTaskWhoseDeadlineHasPassed(t *testing.T) {
 	tk.Deadline = b.clock.now.Add(time.Millisecond)
 	if a := one(t, b.submit(tk)); a.Task != tk || !a.Load {
 		t.Fatalf("got %+v, want the task with a deadline ahead loading b", a)
+	}
+	check(t, b.s)
+}
+
+// Rule 7: a lost worker's tasks go back to the front of the queue oldest first, however
+// completions have reordered the worker's running tasks.
+func TestRemoveWorkerRequeuesInSubmissionOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	b.worker("w", 1, 3, "a")
+	t1, t2, t3 := b.task("a"), b.task("a"), b.task("a")
+	one(t, b.submit(t1))
+	one(t, b.submit(t2))
+	one(t, b.submit(t3))
+	b.complete(t1, false) // t3 takes t1's place among the running
+	t4 := b.task("a")
+	one(t, b.submit(t4))
+	queued := b.task("a")
+	none(t, b.submit(queued))
+	if _, err := b.s.RemoveWorker("w"); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for q := b.s.queue.head; q != nil; q = q.global.next {
+		got = append(got, q.ID)
+	}
+	if want := []string{t2.ID, t3.ID, t4.ID, queued.ID}; !slices.Equal(got, want) {
+		t.Fatalf("queue %v, want %v", got, want)
 	}
 	check(t, b.s)
 }
