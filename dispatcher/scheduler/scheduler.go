@@ -268,7 +268,7 @@ type Scheduler struct {
 	// queue), and wakeLabels labels whose queued tasks lost their last active holder
 	// (evicted, doomed, gone), during the call in progress or a call that returns no
 	// Outcome (Cancel, Abandon). settle, at the end of the next call that returns one,
-	// fills the workers and offers each label's oldest task for a load: without it they
+	// fills the workers and offers each label's oldest tasks for a load: without it they
 	// waited for a Rebalance to reach them, which visits only rebalanceTries free
 	// workers per call.
 	wakeWorkers []*worker
@@ -1368,8 +1368,13 @@ func (s *Scheduler) settle(out *Outcome) *Outcome {
 		if ls == nil || ls.active > 0 || s.cfg.Policy == PolicyRandom {
 			continue // served after all (or by the common FIFO, random mode)
 		}
-		if t := ls.queue.head; t != nil && s.place(t) {
-			s.fill(t.worker) // tasks behind it may join its load there
+		// The oldest that some free worker can load (the first may have failed to load
+		// on it), a few at most.
+		for t, n := ls.queue.head, 0; t != nil && n < placeTries; t, n = t.byLabel.next, n+1 {
+			if s.place(t) {
+				s.fill(t.worker) // tasks behind it may join its load there
+				break
+			}
 		}
 	}
 	clear(s.wakeWorkers)
@@ -1767,12 +1772,15 @@ func (s *Scheduler) costOf(h *heldLabel) evictionCost {
 	}
 }
 
-// victim is the index of the label w should evict (none with a running task), with its
-// cost, or -1.
+// victim is the index of the label w should evict, with its cost, or -1. Neither a
+// label with a running task nor a copy whose load is under way can go: the attempt
+// that asked for the load may have ended (refused, or over before it), but the agent
+// finishes a load it started and evicts only loaded labels, so it would unload another
+// label than the one named, or wait for the load to end. LabelLoaded refills w then.
 func (s *Scheduler) victim(w *worker) (int, evictionCost) {
 	v, best := -1, evictionCost{}
 	for i, h := range w.held {
-		if h.inUse > 0 {
+		if h.inUse > 0 || (h.pending && h.loading) {
 			continue
 		}
 		if c := s.costOf(h); v < 0 || c.less(best) {

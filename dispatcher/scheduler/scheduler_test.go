@@ -1158,3 +1158,28 @@ func TestRemoveWorkerRequeuesInSubmissionOrder(t *testing.T) {
 	}
 	check(t, b.s)
 }
+
+// A copy whose load is under way is not evicted, even once the attempt that asked for
+// it has ended: the agent finishes the load and evicts only loaded labels. Once it
+// reports the label loaded, the copy may go like any other.
+func TestLoadingCopyNotEvictedUntilLoaded(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	b.worker("w", 1, 1)
+	first := b.task("a")
+	if a := one(t, b.submit(first)); !a.Load {
+		t.Fatalf("want a load, got %+v", a)
+	}
+	b.s.LabelLoading("w", "a")
+	// The attempt ends (its deadline passed) while the load goes on.
+	if _, err := b.s.Complete("w", first, Observation{Failed: true}); err != nil {
+		t.Fatal(err)
+	}
+	other := b.task("b")
+	none(t, b.submit(other)) // not with "a" named for eviction while it loads
+	as := b.s.LabelLoaded("w", "a").Assigned
+	if len(as) != 1 || as[0].Task != other || as[0].EvictLabel != "a" {
+		t.Fatalf("got %+v, want %s loading b evicting a once a is loaded", as, other.ID)
+	}
+	check(t, b.s)
+}
