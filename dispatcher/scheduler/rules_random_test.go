@@ -22,6 +22,7 @@ type ruleRun struct {
 	t      *testing.T
 	b      *bundle
 	r      *rand.Rand
+	over   *rand.Rand // draws the overrun calls (see overruns)
 	tasks  []*Task
 	log    []string // the calls so far
 	trace  []string // what their Outcomes decided
@@ -308,6 +309,8 @@ func (f *ruleRun) step(step int) {
 		call = fmt.Sprintf("advance(%v); Expire", d)
 		out = s.Expire()
 		pending = true // time moved: waits may have become loads, for a Rebalance to find
+		f.overruns(call, before, out)
+		return
 	case 12, 13:
 		call = "Rebalance"
 		out = s.Rebalance()
@@ -340,6 +343,48 @@ func (f *ruleRun) step(step int) {
 		}
 		pending = true // no Outcome: the next call's settles
 	}
+	f.finishStep(call, before, out, pending)
+}
+
+// overruns follows an Expire with the hub's tick's other calls, drawn from f.over so
+// that the main sequence of calls stays that of the seed: now and then ExpireRunning
+// (the hub's grace is 5 s; shorter here, for the random clock to reach), and the late
+// result of an attempt overrun before (EndOverrun).
+func (f *ruleRun) overruns(call string, before ruleSnapshot, out *Outcome) {
+	s := f.b.s
+	f.finishStep(call, before, out, true)
+	if f.over.IntN(3) == 0 {
+		grace := time.Duration(f.over.IntN(2000)) * time.Millisecond
+		before = f.snapshot()
+		f.finishStep(fmt.Sprintf("ExpireRunning(%v)", grace), before, s.ExpireRunning(grace), false)
+	}
+	if f.over.IntN(3) == 0 {
+		for _, w := range s.workers {
+			for _, t := range w.running {
+				if t.state != stateOverran {
+					continue
+				}
+				obs := Observation{Loaded: f.over.IntN(2) == 0, Failed: f.over.IntN(2) == 0, LoadTime: time.Second}
+				before = f.snapshot()
+				if obs.Loaded { // the result says the label is loaded: no longer loading
+					delete(before.loading[w.id], t.Label)
+				}
+				end, ok := s.EndOverrun(w.id, t.ID, t.Attempt, obs)
+				if !ok {
+					f.fail("EndOverrun(%s, %s): the overrun attempt is not found", w.id, t.ID)
+				}
+				f.finishStep(fmt.Sprintf("EndOverrun(%s, %s, %+v)", w.id, t.ID, obs), before, end, false)
+				return
+			}
+		}
+	}
+}
+
+// finishStep records call and what its Outcome decided, checks the Outcome and the
+// indexes, and, unless a call since the last Rebalance may have left work for the
+// next, that no wake-up was lost.
+func (f *ruleRun) finishStep(call string, before ruleSnapshot, out *Outcome, pending bool) {
+	s := f.b.s
 	f.log = append(f.log, call)
 	if out != nil {
 		for _, a := range out.Assigned {
@@ -361,7 +406,7 @@ func (f *ruleRun) step(step int) {
 // Outcomes' decisions, and a violation with the calls that led to it, or "".
 func runRules(t *testing.T, cfg Config, seed uint64, steps int) (trace []string, violation string) {
 	cfg.Seed, cfg.MaxAttempts, cfg.FleetSettle = seed, 2, time.Second
-	f := &ruleRun{t: t, b: setup(t, cfg), r: rand.New(rand.NewPCG(seed, 99))}
+	f := &ruleRun{t: t, b: setup(t, cfg), r: rand.New(rand.NewPCG(seed, 99)), over: rand.New(rand.NewPCG(seed, 7))}
 	defer func() {
 		if v := recover(); v != nil {
 			rv, ok := v.(ruleViolation)
@@ -429,6 +474,7 @@ func TestRandomOperationsDeterministic(t *testing.T) {
 func FuzzRandomOperationsKeepRules(f *testing.F) {
 	f.Add(uint64(0), uint8(0))
 	f.Add(uint64(2370), uint8(2)) // once a lost wake-up: the label's oldest task had failed on the free worker
+	f.Add(uint64(2535), uint8(1)) // an overrun attempt's late result says its label loaded: it may be evicted
 	f.Fuzz(func(t *testing.T, seed uint64, config uint8) {
 		if _, v := runRules(t, ruleConfigs[int(config)%len(ruleConfigs)], seed, 300); v != "" {
 			t.Fatal(v)

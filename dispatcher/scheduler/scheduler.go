@@ -750,7 +750,7 @@ func (s *Scheduler) ExpireRunning(grace time.Duration) *Outcome {
 		t.state = stateDone
 		out.Failed = append(out.Failed, Failure{Task: t, Reason: FailOverrun, WorkerID: w.id})
 	}
-	return out
+	return s.settle(out)
 }
 
 // EndOverrun frees the slot a worker's overrun attempt held (see ExpireRunning), now
@@ -772,7 +772,7 @@ func (s *Scheduler) EndOverrun(workerID, taskID string, attempt int, obs Observa
 		s.observe(t.Label, Observation{Loaded: obs.Loaded, LoadTime: obs.LoadTime})
 		s.release(w, t.Label, obs.Loaded, obs.Failed && !obs.Loaded)
 		s.fill(w)
-		return out, true
+		return s.settle(out), true // the release may have doomed a copy others wait on
 	}
 	return out, false
 }
