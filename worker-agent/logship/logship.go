@@ -207,7 +207,7 @@ func IngestURL(raw string) (string, error) {
 type Stats struct {
 	Queued   int    // records waiting for a batch
 	Unacked  int    // records in batches sent (or to be resent) and not acknowledged
-	Dropped  uint64 // records dropped: buffer full, record too long, or written after Close
+	Dropped  uint64 // records dropped: buffer full, record too long, written after Close, or in a batch the collector refused
 	Batches  uint64 // batches formed (the last sequence number)
 	Sends    uint64 // batch frames written, resends included
 	Acked    uint64 // records the collector acknowledged

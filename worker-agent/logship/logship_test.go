@@ -560,3 +560,67 @@ func TestDropsWithNothingAfterThemAreReported(t *testing.T) {
 		t.Fatalf("collector got %d records and a dropped count of %d, want 1 and 1", records, dropped)
 	}
 }
+
+// A batch the collector refuses (BAD_FRAME: too many records, or lines that would
+// outgrow the frame; 1009: over its frame limit) would be refused again however often
+// it is resent, holding every later record back: it is dropped and counted instead,
+// and the batches after it are delivered.
+func TestRefusedBatchIsDroppedNotResent(t *testing.T) {
+	t.Parallel()
+	for _, code := range []int{int(pb.CloseCode_CLOSE_CODE_BAD_FRAME), websocket.CloseMessageTooBig} {
+		t.Run(fmt.Sprint(code), func(t *testing.T) {
+			t.Parallel()
+			const n = 20
+			refused := make(chan *pb.LogBatch, 1)
+			delivered := make(chan []*pb.LogBatch, 1)
+			f := newFakeCollector(t, true, func(conn int, c *fakeConn) {
+				switch conn {
+				case 1:
+					c.welcome(0)
+					b := c.batches(1, nil)
+					msg := websocket.FormatCloseMessage(code, "batch refused")
+					_ = c.ws.WriteControl(websocket.CloseMessage, msg, time.Now().Add(time.Second))
+					refused <- b[0]
+				case 2: // acknowledge everything until the shipper closes
+					c.welcome(0)
+					var bs []*pb.LogBatch
+					for {
+						env, err := c.read()
+						if err != nil {
+							break
+						}
+						if b := env.GetBatch(); b != nil {
+							bs = append(bs, b)
+							c.ack(b.GetSeq())
+						}
+					}
+					delivered <- bs
+				}
+			})
+			cfg := testConfig(f.url)
+			cfg.BatchRecords = 5 // records are left for the batches after the refused one
+			s, err := New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mustWrite(t, s, 0, n)
+			dropped := len((<-refused).GetRecords())
+			if err := s.Close(); err != nil {
+				t.Fatalf("Close: %v", err)
+			}
+			bs := <-delivered
+			st := s.Stats()
+			if len(bs) == 0 || bs[0].GetSeq() != 2 || st.Acked != uint64(n-dropped) || st.Dropped != uint64(dropped) {
+				t.Fatalf("after the refusal: batches %v, stats %+v; want seq 2 first and the refused batch's records dropped", bs, st)
+			}
+			for _, b := range bs {
+				if b.GetSeq() == 1 {
+					t.Fatal("the refused batch was resent")
+				}
+			}
+			if got := bs[len(bs)-1].GetDropped(); got != uint64(dropped) {
+				t.Fatalf("last batch reports %d dropped, want %d", got, dropped)
+			}
+		})
+	}
+}

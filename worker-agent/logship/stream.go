@@ -127,15 +127,16 @@ func (s *Shipper) session() (welcomed bool, err error) {
 	conn.SetPongHandler(func(string) error { extend(); return nil })
 	readErr := make(chan error, 1)
 	go func() { readErr <- s.readAcks(conn, extend) }()
+	var lastSent uint64 // every unacknowledged batch is resent on a new connection
 	defer func() {
 		_ = conn.Close()
-		<-readErr // the reader has stopped touching s
+		err := <-readErr // the reader has stopped touching s
+		s.dropRefused(err, lastSent)
 	}()
 
 	ping := time.NewTicker(s.cfg.PingInterval)
 	defer ping.Stop()
 	closing := s.closing
-	var lastSent uint64 // every unacknowledged batch is resent on a new connection
 	for {
 		for {
 			b, err := s.nextToSend(lastSent)
@@ -197,12 +198,40 @@ func (s *Shipper) readAcks(conn *websocket.Conn, extend func()) error {
 	}
 }
 
+// dropRefused drops the oldest unacknowledged batch, counting its records as dropped,
+// when the collector closed the stream refusing it: BAD_FRAME (too many records, or
+// lines that would outgrow the frame) or 1009 (over its frame limit). The collector
+// handles batches in order and acknowledges each before reading the next, so the one
+// refused is the oldest not acknowledged; resent, it would be refused for ever and
+// hold every later record back. Only a batch sent on this connection can have been
+// refused.
+func (s *Shipper) dropRefused(err error, lastSent uint64) {
+	var ce *websocket.CloseError
+	if !errors.As(err, &ce) || ce.Code != int(pb.CloseCode_CLOSE_CODE_BAD_FRAME) && ce.Code != websocket.CloseMessageTooBig {
+		return
+	}
+	s.mu.Lock()
+	if len(s.unacked) == 0 || s.unacked[0].seq > lastSent {
+		s.mu.Unlock()
+		return
+	}
+	b := s.unacked[0]
+	s.unacked[0] = nil
+	s.unacked = s.unacked[1:]
+	s.held -= b.bytes
+	s.stats.Dropped += uint64(b.records)
+	s.mu.Unlock()
+	s.signal() // the count must travel even if nothing is logged after it
+	s.log.Warn().Uint64("seq", b.seq).Int("records", b.records).Int("close_code", ce.Code).Str("reason", ce.Text).
+		Msg("the collector refused a log batch; its records are dropped, not resent")
+}
+
 func readEnvelope(conn *websocket.Conn) (*pb.LogEnvelope, error) {
 	kind, data, err := conn.ReadMessage()
 	if err != nil {
 		var ce *websocket.CloseError
 		if errors.As(err, &ce) {
-			return nil, fmt.Errorf("collector closed the stream: code %d: %s", ce.Code, ce.Text)
+			return nil, fmt.Errorf("collector closed the stream: %w", ce)
 		}
 		return nil, err
 	}
