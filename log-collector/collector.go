@@ -60,9 +60,10 @@ type Config struct {
 	// MaxFrameBytes is the read limit of an ingest frame. Zero means 16 MiB.
 	MaxFrameBytes int
 	// MaxActiveBatches bounds the batches being read, decoded and written at once,
-	// across all streams. Each holds a few times its size in memory (the frame, its
-	// records decoded, the lines written); a stream whose next batch finds no slot
-	// free waits, and its agent's later batches wait in its own buffer. Zero means 16.
+	// across all streams. Each holds about twice its size in memory (the frame and
+	// its records decoded; the lines are streamed to the file); a stream whose next
+	// batch finds no slot free waits, and its agent's later batches wait in its own
+	// buffer. Zero means 16.
 	MaxActiveBatches int
 	// HelloTimeout bounds the wait for an agent's hello. Zero means 10s.
 	HelloTimeout time.Duration

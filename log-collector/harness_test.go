@@ -163,14 +163,23 @@ func (a *agentConn) batch(seq, dropped uint64, records ...string) uint64 {
 // closeCode reads until the collector closes the stream and returns the close code.
 func (a *agentConn) closeCode() int {
 	a.t.Helper()
+	return a.closeFrame().Code
+}
+
+// closeFrame reads until the collector closes the stream and returns its close frame.
+func (a *agentConn) closeFrame() *websocket.CloseError {
+	a.t.Helper()
 	for {
-		_, err := a.read()
+		env, err := a.read()
 		var ce *websocket.CloseError
 		if errors.As(err, &ce) {
-			return ce.Code
+			return ce
 		}
 		if err != nil {
 			a.t.Fatalf("read: %v, want a close frame", err)
+		}
+		if env.GetAck() != nil {
+			a.t.Fatalf("ack of batch %d, want a close frame", env.GetAck().GetSeq())
 		}
 	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/gorilla/websocket"
 	"github.com/labstack/echo/v4"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/smartroute/smartroute/proto/credential"
@@ -41,6 +42,18 @@ const (
 	maxHelloBytes    = 4 << 10
 )
 
+// Bounds of what one batch may cost beyond its frame. maxBatchRecords is ten times
+// the records the agent's shipper puts in a batch (logship.DefaultBatchRecords).
+// Its lines may come to batchGrowth times the frame plus batchSlack: JSON records are
+// written as sent (at most three times as long where invalid UTF-8 is replaced) and
+// the collector's notes fit in the slack; only the wrapping of records that are not
+// JSON objects grows more, and a frame of many tiny such records is refused.
+const (
+	maxBatchRecords = 10_000
+	batchGrowth     = 4
+	batchSlack      = 64 << 10
+)
+
 // Frame errors: a frame that cannot be used closes the stream with BAD_FRAME.
 var (
 	errEmptyFrame = errors.New("empty frame")
@@ -48,13 +61,18 @@ var (
 )
 
 // decodeLogFrame parses one ingest frame. It refuses what no agent sends: an empty or
-// oversized frame, a malformed one, or one with no body this collector knows.
+// oversized frame, a malformed one, one with no body this collector knows, or a batch
+// of more than maxBatchRecords records, counted before anything is decoded: each
+// record costs a slice header and a line, two bytes of frame do not.
 func decodeLogFrame(b []byte, maxSize int) (*pb.LogEnvelope, error) {
 	switch {
 	case len(b) == 0:
 		return nil, errEmptyFrame
 	case len(b) > maxSize:
 		return nil, fmt.Errorf("frame of %d bytes exceeds the limit of %d", len(b), maxSize)
+	}
+	if n := countBatchRecords(b); n > maxBatchRecords {
+		return nil, fmt.Errorf("batch of %d records exceeds the limit of %d", n, maxBatchRecords)
 	}
 	env := new(pb.LogEnvelope)
 	if err := (proto.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(b, env); err != nil {
@@ -64,6 +82,53 @@ func decodeLogFrame(b []byte, maxSize int) (*pb.LogEnvelope, error) {
 		return nil, errNoBody
 	}
 	return env, nil
+}
+
+// Field numbers of LogEnvelope.batch and LogBatch.records (logs.proto).
+const (
+	envelopeBatchField = 2
+	batchRecordsField  = 2
+)
+
+// countBatchRecords counts the records of the batches in an encoded LogEnvelope
+// without decoding them: every occurrence of the batch field, which proto merges. A
+// malformed frame counts what precedes the damage; Unmarshal then refuses it.
+func countBatchRecords(b []byte) int {
+	n := 0
+	for len(b) > 0 {
+		num, typ, l := protowire.ConsumeTag(b)
+		if l < 0 {
+			return n
+		}
+		b = b[l:]
+		if num == envelopeBatchField && typ == protowire.BytesType {
+			batch, l := protowire.ConsumeBytes(b)
+			if l < 0 {
+				return n
+			}
+			b = b[l:]
+			for len(batch) > 0 {
+				num, typ, l := protowire.ConsumeTag(batch)
+				if l < 0 {
+					return n
+				}
+				batch = batch[l:]
+				if num == batchRecordsField && typ == protowire.BytesType {
+					n++
+				}
+				if l = protowire.ConsumeFieldValue(num, typ, batch); l < 0 {
+					return n
+				}
+				batch = batch[l:]
+			}
+			continue
+		}
+		if l = protowire.ConsumeFieldValue(num, typ, b); l < 0 {
+			return n
+		}
+		b = b[l:]
+	}
+	return n
 }
 
 // ingestConn is one agent's stream. Its goroutine (runStream) is the only reader and
@@ -351,7 +416,7 @@ func (c *Collector) serveBatch(w *workerLog, ic *ingestConn, extend func()) erro
 	if b == nil {
 		return badFrame("expected a batch, got %T", env.GetBody())
 	}
-	ack, err := c.writeBatch(w, ic, b)
+	ack, err := c.writeBatch(w, ic, b, len(data))
 	if err != nil {
 		return err
 	}
@@ -413,8 +478,9 @@ func (c *Collector) decodeMessage(kind int, data []byte) (*pb.LogEnvelope, error
 	return env, nil
 }
 
-// writeBatch writes b unless it was written before, and returns the seq to acknowledge.
-func (c *Collector) writeBatch(w *workerLog, ic *ingestConn, b *pb.LogBatch) (uint64, error) {
+// writeBatch writes b, which came in a frame of frameBytes, unless it was written
+// before, and returns the seq to acknowledge.
+func (c *Collector) writeBatch(w *workerLog, ic *ingestConn, b *pb.LogBatch, frameBytes int) (uint64, error) {
 	seq := b.GetSeq()
 	if seq == 0 {
 		return 0, badFrame("batch seq must be at least 1")
@@ -445,9 +511,14 @@ func (c *Collector) writeBatch(w *workerLog, ic *ingestConn, b *pb.LogBatch) (ui
 		c.met.duplicates.Inc()
 		return seq, nil
 	}
-	data := c.batchLines(ic.worker, b, last, w.state.Dropped)
+	lines := newBatchLines(ic.worker, b, last, w.state.Dropped)
+	if limit := int64(batchGrowth)*int64(frameBytes) + batchSlack; lines.Size() > limit {
+		// Short: a close reason holds 123 bytes.
+		return 0, badFrame("batch lines of %d bytes exceed %d (%dx its %d-byte frame + 64 KiB): too many non-JSON records",
+			lines.Size(), limit, batchGrowth, frameBytes)
+	}
 	file := w.state.File
-	err := w.appendBatch(data, seq, b.GetDropped(), c.cfg.MaxFileBytes, c.cfg.MaxFiles)
+	err := w.appendBatch(lines, seq, b.GetDropped(), c.cfg.MaxFileBytes, c.cfg.MaxFiles)
 	rotated = w.state.File != file // trimToBudget does nothing without MaxTotalBytes
 	if err != nil {
 		c.log.Error().Str("worker_id", ic.worker).Err(err).Uint64("seq", seq).Msg("cannot write a log batch")
@@ -479,26 +550,38 @@ type collectorNote struct {
 	Message      string `json:"message"`
 }
 
-// invalidRecord wraps a record that is not a JSON object, so every line stays one.
-type invalidRecord struct {
-	WorkerID string `json:"worker_id"`
-	Event    string `json:"event"`
-	Raw      string `json:"raw"`
+// batchLines is a batch as the lines it is written as: one JSON object per line,
+// preceded by notes when the agent reports new drops or sequence numbers are missing.
+// Its size is worked out first (newBatchLines), so that a batch is refused, or the
+// file rotated, before a byte of it is written; WriteTo then streams the lines out
+// rather than building them in memory.
+type batchLines struct {
+	worker  string
+	notes   [][]byte
+	records [][]byte
+	kinds   []lineKind // what each record becomes
+	size    int64
+	scratch []byte // a wrapped or cleaned record, reused
 }
 
-// batchLines turns a batch into the bytes to append: one JSON object per line,
-// preceded by notes when the agent reports new drops or sequence numbers are missing.
-func (c *Collector) batchLines(worker string, b *pb.LogBatch, last, dropped uint64) []byte {
-	size := 0
-	for _, r := range b.GetRecords() {
-		size += len(r) + 1
-	}
-	out := make([]byte, 0, size+256)
+// lineKind is how a record is written.
+type lineKind uint8
+
+const (
+	lineAsSent  lineKind = iota // a JSON object on one line in valid UTF-8: as sent, trimmed
+	lineCleaned                 // a JSON object with invalid UTF-8 or line breaks: cleanRecord
+	lineWrapped                 // anything else: wrapped as an invalid_log_record
+)
+
+func newBatchLines(worker string, b *pb.LogBatch, last, dropped uint64) *batchLines {
+	bl := &batchLines{worker: worker, records: b.GetRecords(), kinds: make([]lineKind, len(b.GetRecords()))}
 	now := time.Now().UTC().Format(time.RFC3339Nano)
 	note := func(n collectorNote) {
 		n.Level, n.Time, n.WorkerID, n.Component = "warn", now, worker, "log_collector"
 		line, _ := json.Marshal(n)
-		out = append(append(out, line...), '\n')
+		line = append(line, '\n')
+		bl.notes = append(bl.notes, line)
+		bl.size += int64(len(line))
 	}
 	if b.GetSeq() > last+1 {
 		note(collectorNote{Event: "log_batches_missing", MissingFrom: last + 1, MissingTo: b.GetSeq() - 1,
@@ -508,32 +591,121 @@ func (c *Collector) batchLines(worker string, b *pb.LogBatch, last, dropped uint
 		note(collectorNote{Event: "log_records_dropped", Dropped: b.GetDropped() - dropped, DroppedTotal: b.GetDropped(),
 			Message: "the agent dropped log records because its buffer was full"})
 	}
-	for _, r := range b.GetRecords() {
-		out = appendRecord(out, worker, r)
+	for i, r := range bl.records {
+		t := bytes.TrimSpace(r)
+		switch {
+		case len(t) == 0 || t[0] != '{' || !json.Valid(t):
+			bl.kinds[i] = lineWrapped
+			bl.scratch = appendWrapped(bl.scratch[:0], worker, r)
+			bl.size += int64(len(bl.scratch))
+		case !utf8.Valid(t) || bytes.ContainsAny(t, "\r\n"):
+			bl.kinds[i] = lineCleaned
+			bl.size += int64(len(cleanRecord(t))) + 1
+		default:
+			bl.size += int64(len(t)) + 1
+		}
 	}
-	return out
+	return bl
 }
 
-// appendRecord appends r as one line: a JSON object as sent (compacted if it spans
-// lines), anything else wrapped.
-func appendRecord(out []byte, worker string, r []byte) []byte {
-	t := bytes.TrimSpace(r)
-	if len(t) > 0 && t[0] == '{' && json.Valid(t) {
-		// json.Valid lets invalid UTF-8 through inside strings; stored as is, the file
-		// and GET /logs would not be JSON to strict readers. Outside strings such bytes
-		// fail json.Valid, so replacing them keeps the object valid and its fields
-		// (event, level) readable.
-		if !utf8.Valid(t) {
-			t = bytes.ToValidUTF8(t, []byte("\uFFFD"))
-		}
-		if bytes.ContainsAny(t, "\r\n") {
-			var buf bytes.Buffer
-			if json.Compact(&buf, t) == nil {
-				t = buf.Bytes()
-			}
-		}
-		return append(append(out, t...), '\n')
+// Size is the bytes WriteTo writes.
+func (bl *batchLines) Size() int64 { return bl.size }
+
+// WriteTo writes the lines to w (a bufio.Writer: records go out one by one).
+func (bl *batchLines) WriteTo(w io.Writer) (int64, error) {
+	var n int64
+	write := func(b []byte) error {
+		m, err := w.Write(b)
+		n += int64(m)
+		return err
 	}
-	line, _ := json.Marshal(invalidRecord{WorkerID: worker, Event: "invalid_log_record", Raw: string(r)})
-	return append(append(out, line...), '\n')
+	for _, line := range bl.notes {
+		if err := write(line); err != nil {
+			return n, err
+		}
+	}
+	for i, r := range bl.records {
+		var line []byte
+		switch bl.kinds[i] {
+		case lineAsSent:
+			if err := write(bytes.TrimSpace(r)); err != nil {
+				return n, err
+			}
+			line = newline
+		case lineCleaned:
+			line = append(cleanRecord(bytes.TrimSpace(r)), '\n')
+		case lineWrapped:
+			bl.scratch = appendWrapped(bl.scratch[:0], bl.worker, r)
+			line = bl.scratch
+		}
+		if err := write(line); err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+var newline = []byte{'\n'}
+
+// cleanRecord makes a JSON object one line of valid UTF-8. json.Valid lets invalid
+// UTF-8 through inside strings; stored as is, the file and GET /logs would not be
+// JSON to strict readers. Outside strings such bytes fail json.Valid, so replacing
+// them keeps the object valid and its fields (event, level) readable.
+func cleanRecord(t []byte) []byte {
+	if !utf8.Valid(t) {
+		t = bytes.ToValidUTF8(t, []byte("\uFFFD"))
+	}
+	if bytes.ContainsAny(t, "\r\n") {
+		var buf bytes.Buffer
+		if json.Compact(&buf, t) == nil {
+			t = buf.Bytes()
+		}
+	}
+	return t
+}
+
+// appendWrapped appends r, a record that is not a JSON object, as the line
+// {"worker_id":…,"event":"invalid_log_record","raw":…}, so that every line stays one.
+func appendWrapped(out []byte, worker string, r []byte) []byte {
+	out = append(out, `{"worker_id":`...)
+	out = appendJSONString(out, []byte(worker))
+	out = append(out, `,"event":"invalid_log_record","raw":`...)
+	out = appendJSONString(out, r)
+	return append(out, "}\n"...)
+}
+
+// appendJSONString appends s as a JSON string; invalid UTF-8 becomes U+FFFD, as
+// encoding/json writes it.
+func appendJSONString(out, s []byte) []byte {
+	const hex = "0123456789abcdef"
+	out = append(out, '"')
+	for len(s) > 0 {
+		c := s[0]
+		if c < utf8.RuneSelf {
+			switch {
+			case c == '"' || c == '\\':
+				out = append(out, '\\', c)
+			case c == '\n':
+				out = append(out, '\\', 'n')
+			case c == '\r':
+				out = append(out, '\\', 'r')
+			case c == '\t':
+				out = append(out, '\\', 't')
+			case c < 0x20:
+				out = append(out, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+			default:
+				out = append(out, c)
+			}
+			s = s[1:]
+			continue
+		}
+		r, size := utf8.DecodeRune(s)
+		if r == utf8.RuneError && size == 1 {
+			out = append(out, `\ufffd`...)
+		} else {
+			out = append(out, s[:size]...)
+		}
+		s = s[size:]
+	}
+	return append(out, '"')
 }

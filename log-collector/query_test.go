@@ -1,6 +1,7 @@
 package logcollector
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -271,8 +272,9 @@ func FuzzParseLogsQuery(f *testing.F) {
 	})
 }
 
-// FuzzDecodeLogFrame: no frame crashes the decoder or the line writer, and every
-// line written for an accepted batch is one JSON object.
+// FuzzDecodeLogFrame: no frame crashes the decoder or the line writer, every line
+// written for an accepted batch is one JSON object, and the lines are the size
+// planned before they are written (the limit and rotation go by it).
 func FuzzDecodeLogFrame(f *testing.F) {
 	for _, env := range []*pb.LogEnvelope{
 		{Body: &pb.LogEnvelope_Hello{Hello: &pb.LogHello{ProtocolVersion: 1, WorkerId: "w1", StreamId: "s"}}},
@@ -284,7 +286,6 @@ func FuzzDecodeLogFrame(f *testing.F) {
 	}
 	f.Add([]byte{})
 	f.Add([]byte{0x12, 0x80})
-	c := &Collector{cfg: Config{}.WithDefaults()}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		env, err := decodeLogFrame(b, 1<<16)
 		if err != nil {
@@ -297,7 +298,12 @@ func FuzzDecodeLogFrame(f *testing.F) {
 		if batch == nil {
 			return
 		}
-		out := c.batchLines("w1", batch, batch.GetSeq()/2, 0)
+		lines := newBatchLines("w1", batch, batch.GetSeq()/2, 0)
+		var buf bytes.Buffer
+		if n, err := lines.WriteTo(&buf); err != nil || n != lines.Size() || int64(buf.Len()) != n {
+			t.Fatalf("wrote %d bytes (%v), %d in the buffer, of lines sized %d", n, err, buf.Len(), lines.Size())
+		}
+		out := buf.Bytes()
 		if len(out) == 0 {
 			return // an empty batch writes nothing
 		}

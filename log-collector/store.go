@@ -507,10 +507,16 @@ func (w *workerLog) dataPath(n int) string {
 	return filepath.Join(w.dir, fmt.Sprintf("%08d%s", n, dataSuffix))
 }
 
+// batchData is a batch's lines, whose size is known before they are written.
+type batchData interface {
+	Size() int64
+	io.WriterTo
+}
+
 // appendBatch writes data (whole lines) as batch seq of the current stream, makes it
 // durable and records it in state.json. The caller holds w.mu. On error nothing is
 // recorded and the batch must not be acknowledged.
-func (w *workerLog) appendBatch(data []byte, seq, dropped uint64, maxFileBytes int64, maxFiles int) error {
+func (w *workerLog) appendBatch(data batchData, seq, dropped uint64, maxFileBytes int64, maxFiles int) error {
 	if !w.stateOnDisk {
 		// A new worker (or one whose state was removed): record where its files end
 		// before adding to them, so that a crash before this batch's state is written
@@ -520,7 +526,8 @@ func (w *workerLog) appendBatch(data []byte, seq, dropped uint64, maxFileBytes i
 		}
 		w.stateOnDisk = true
 	}
-	if w.state.Size > 0 && w.state.Size+int64(len(data)) > maxFileBytes {
+	size := data.Size()
+	if w.state.Size > 0 && w.state.Size+size > maxFileBytes {
 		if err := w.rotate(maxFiles); err != nil {
 			return fmt.Errorf("rotate: %w", err)
 		}
@@ -545,7 +552,16 @@ func (w *workerLog) appendBatch(data []byte, seq, dropped uint64, maxFileBytes i
 			}
 		}
 	}
-	if _, err := w.file.Write(data); err != nil {
+	// Streamed through a buffer: the lines may be several times the frame.
+	out := bufio.NewWriterSize(w.file, int(min(size, maxWriteBuffer)))
+	n, err := data.WriteTo(out)
+	if err == nil {
+		err = out.Flush()
+	}
+	if err == nil && n != size {
+		err = fmt.Errorf("wrote %d bytes of a batch of %d", n, size)
+	}
+	if err != nil {
 		w.dropBatch() // the resend writes it whole
 		return fmt.Errorf("write: %w", err)
 	}
@@ -554,7 +570,7 @@ func (w *workerLog) appendBatch(data []byte, seq, dropped uint64, maxFileBytes i
 		return fmt.Errorf("fsync: %w", err)
 	}
 	next := w.state
-	next.LastSeq, next.Dropped, next.Size = seq, max(dropped, w.state.Dropped), w.state.Size+int64(len(data))
+	next.LastSeq, next.Dropped, next.Size = seq, max(dropped, w.state.Dropped), w.state.Size+size
 	if renamed, err := writeStateRenamed(w.dir, next, w.syncDir); err != nil {
 		if renamed {
 			// state.json may already name this batch (only the directory's fsync
@@ -572,6 +588,9 @@ func (w *workerLog) appendBatch(data []byte, seq, dropped uint64, maxFileBytes i
 	w.dirUnsynced = false // this fsync of the directory covers the earlier rename too
 	return nil
 }
+
+// maxWriteBuffer bounds the buffer a batch is written through.
+const maxWriteBuffer = 64 << 10
 
 // dropBatch cuts a batch that failed off the current file and closes it; the next
 // batch opens the file again and, should this cut have failed too, cuts it then.

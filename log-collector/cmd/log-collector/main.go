@@ -75,7 +75,7 @@ func run(args []string) error {
 	fs.Int64Var(&cfg.MaxFileBytes, "max-file-bytes", logcollector.DefaultMaxFileBytes, "rotate a worker's file before a batch would take it past this size")
 	fs.IntVar(&cfg.MaxFiles, "max-files", logcollector.DefaultMaxFiles, "files kept per worker, the current one included")
 	fs.Int64Var(&cfg.MaxTotalBytes, "max-total-bytes", 0, "bound on all workers' files together: past it the oldest files go first, whichever worker's; a current file only with its worker gone an hour (0: none)")
-	fs.IntVar(&cfg.MaxActiveBatches, "max-active-batches", logcollector.DefaultMaxActiveBatches, "batches read and written at once across all streams, each holding a few times its size in memory; more wait their turn")
+	fs.IntVar(&cfg.MaxActiveBatches, "max-active-batches", logcollector.DefaultMaxActiveBatches, "batches read and written at once across all streams, each holding about twice its size in memory; more wait their turn")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", logcollector.DefaultShutdownTimeout, "how long shutdown waits for batches being written")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM certificate: serve HTTPS and wss:// (with --tls-key)")
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
