@@ -309,7 +309,7 @@ func (c *Collector) serveStream(ic *ingestConn) error {
 		w.mu.Lock()
 	}
 	// The welcome tells the agent what it may forget: only what a power cut keeps.
-	if err := w.settle(); err != nil {
+	if err := c.settle(w); err != nil {
 		w.mu.Unlock()
 		c.log.Error().Str("worker_id", ic.worker).Err(err).Msg("cannot make the worker's log state durable")
 		c.met.writeErrs.Inc()
@@ -500,7 +500,7 @@ func (c *Collector) writeBatch(w *workerLog, ic *ingestConn, b *pb.LogBatch, fra
 	if seq <= last {
 		// Written before; acknowledged only once that write is durable (a failed
 		// directory fsync after state.json's rename may have left it unvouched for).
-		if err := w.settle(); err != nil {
+		if err := c.settle(w); err != nil {
 			c.log.Error().Str("worker_id", ic.worker).Err(err).Uint64("seq", seq).Msg("cannot make a log batch durable")
 			c.met.writeErrs.Inc()
 			return 0, &streamError{code: websocket.CloseInternalServerErr, reason: "cannot write the batch"}
@@ -518,21 +518,37 @@ func (c *Collector) writeBatch(w *workerLog, ic *ingestConn, b *pb.LogBatch, fra
 			lines.Size(), limit, batchGrowth, frameBytes)
 	}
 	file := w.state.File
-	err := w.appendBatch(lines, seq, b.GetDropped(), c.cfg.MaxFileBytes, c.cfg.MaxFiles)
+	v, err := w.appendBatch(lines, seq, b.GetDropped(), len(b.GetRecords()), c.cfg.MaxFileBytes, c.cfg.MaxFiles)
 	rotated = w.state.File != file // trimToBudget does nothing without MaxTotalBytes
+	c.count(v)
 	if err != nil {
 		c.log.Error().Str("worker_id", ic.worker).Err(err).Uint64("seq", seq).Msg("cannot write a log batch")
 		c.met.writeErrs.Inc()
 		return 0, &streamError{code: websocket.CloseInternalServerErr, reason: "cannot write the batch"}
 	}
-	c.met.batches.Inc()
-	c.met.records.Add(float64(len(b.GetRecords())))
 	if h := c.cfg.hooks; h != nil && h.afterWrite != nil {
 		if err := h.afterWrite(ic.worker, seq); err != nil {
 			return 0, err
 		}
 	}
 	return seq, nil
+}
+
+// settle is w.settle counting the batches it vouches for. The caller holds w.mu.
+func (c *Collector) settle(w *workerLog) error {
+	v, err := w.settle()
+	c.count(v)
+	return err
+}
+
+// count adds batches whose state became durable to the written ones: each batch is
+// counted once, when it is vouched for (appendBatch, or a later settle when its
+// directory fsync failed), whether or not its ack then reaches the agent.
+func (c *Collector) count(v vouched) {
+	if v.batches > 0 {
+		c.met.batches.Add(float64(v.batches))
+		c.met.records.Add(float64(v.records))
+	}
 }
 
 // collectorNote is a record the collector adds to a worker's file: records the agent

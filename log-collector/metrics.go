@@ -23,8 +23,9 @@ func newMetrics(c *Collector) *metrics {
 		return prometheus.NewCounter(prometheus.CounterOpts{Name: "smartroute_collector_" + name, Help: help})
 	}
 	m := &metrics{
-		reg:        prometheus.NewRegistry(),
-		batches:    counter("batches_total", "Log batches written and acknowledged (duplicates not included)."),
+		reg: prometheus.NewRegistry(),
+		batches: counter("batches_total",
+			"Log batches written, each counted once, when durable (a batch whose ack was lost counts here, its resend in duplicate_batches_total)."),
 		records:    counter("records_total", "Log records written, in the batches counted by batches_total."),
 		duplicates: counter("duplicate_batches_total", "Batches acknowledged without writing: already written (resent after a lost ack)."),
 		writeErrs:  counter("write_errors_total", "Batches that could not be written to disk; their stream is closed and the agent resends."),

@@ -1,11 +1,14 @@
 package logcollector
 
 import (
+	"errors"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/gorilla/websocket"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -103,5 +106,57 @@ func TestCollectorMetricsAfterKnownBatches(t *testing.T) {
 	}
 	if got := families["smartroute_collector_records_total"].GetMetric()[0].GetCounter().GetValue(); got != 4 {
 		t.Errorf("records over HTTP = %v, want 4", got)
+	}
+}
+
+// A batch whose state.json was renamed into place while the directory fsync failed is
+// in the file, and is acknowledged (welcome last_seq) once an fsync works: it counts
+// as written then, once, and its resend as a duplicate.
+func TestBatchWrittenWithUnsyncedStateCountsOnceVouchedFor(t *testing.T) {
+	t.Parallel()
+	r := startCollector(t, Config{})
+	m := r.c.met
+	a, _ := connect(t, r.ingestURL(), "w1", "s1")
+	a.batch(1, 0, `{"n":1}`)
+	w, err := r.c.store.worker("w1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var failing atomic.Bool
+	failing.Store(true)
+	w.mu.Lock()
+	w.syncDir = func(dir string) error {
+		if failing.Load() {
+			return errors.New("input/output error")
+		}
+		return syncDir(dir)
+	}
+	w.mu.Unlock()
+	a.send(&pb.LogEnvelope{Body: &pb.LogEnvelope_Batch{Batch: &pb.LogBatch{Seq: 2,
+		Records: [][]byte{[]byte(`{"n":2}`), []byte(`{"n":3}`), []byte(`{"n":4}`)}}}})
+	if code := a.closeCode(); code != websocket.CloseInternalServerErr {
+		t.Fatalf("close code %d", code)
+	}
+	if b, rec := testutil.ToFloat64(m.batches), testutil.ToFloat64(m.records); b != 1 || rec != 1 {
+		t.Fatalf("before the state is vouched for: batches_total=%v records_total=%v, want 1 and 1", b, rec)
+	}
+	failing.Store(false)
+	b, last := connect(t, r.ingestURL(), "w1", "s1")
+	if last != 2 {
+		t.Fatalf("welcome last_seq %d, want 2", last)
+	}
+	b.batch(2, 0, `{"n":2}`, `{"n":3}`, `{"n":4}`) // resent all the same
+	if got := lines(t, r.dir, "w1"); len(got) != 4 {
+		t.Fatalf("lines %q, want 4", got)
+	}
+	for name, c := range map[string]struct{ got, want float64 }{
+		"batches":    {testutil.ToFloat64(m.batches), 2},
+		"records":    {testutil.ToFloat64(m.records), 4},
+		"duplicates": {testutil.ToFloat64(m.duplicates), 1},
+		"write errs": {testutil.ToFloat64(m.writeErrs), 1},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s = %v, want %v", name, c.got, c.want)
+		}
 	}
 }

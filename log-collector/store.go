@@ -272,6 +272,9 @@ type workerLog struct {
 	// so a power cut could still bring the old one back. Until a directory fsync
 	// works, nothing up to state.LastSeq is vouched for (settle).
 	dirUnsynced bool
+	// unvouched are the batches written while dirUnsynced: in the file and named in
+	// state.json, not yet counted as written (settle vouches for them).
+	unvouched vouched
 	// syncDir fsyncs the worker's directory; a test may fail it.
 	syncDir func(dir string) error
 	// named: the logs directory was fsynced after this worker's directory was made
@@ -279,18 +282,23 @@ type workerLog struct {
 	named bool
 }
 
+// vouched counts batches whose state became durable, and their records.
+type vouched struct{ batches, records int }
+
 // settle makes state.json's last rename durable if its directory fsync failed, so
 // that the acknowledged seq (a duplicate's ack, a welcome) is one a power cut keeps.
-// The caller holds w.mu.
-func (w *workerLog) settle() error {
+// It returns the batches that vouches for. The caller holds w.mu.
+func (w *workerLog) settle() (vouched, error) {
 	if !w.dirUnsynced {
-		return nil
+		return vouched{}, nil
 	}
 	if err := w.syncDir(w.dir); err != nil {
-		return fmt.Errorf("state: %w", err)
+		return vouched{}, fmt.Errorf("state: %w", err)
 	}
 	w.dirUnsynced = false
-	return nil
+	v := w.unvouched
+	w.unvouched = vouched{}
+	return v, nil
 }
 
 // escapeWorkerID makes a worker id safe as a directory name.
@@ -513,42 +521,44 @@ type batchData interface {
 	io.WriterTo
 }
 
-// appendBatch writes data (whole lines) as batch seq of the current stream, makes it
-// durable and records it in state.json. The caller holds w.mu. On error nothing is
-// recorded and the batch must not be acknowledged.
-func (w *workerLog) appendBatch(data batchData, seq, dropped uint64, maxFileBytes int64, maxFiles int) error {
+// appendBatch writes data (whole lines) as batch seq of the current stream, of
+// records records, makes it durable and records it in state.json. It returns the
+// batches that became durable: this one, and any written earlier while the directory
+// fsync failed. The caller holds w.mu. On error the batch must not be acknowledged;
+// nothing is recorded unless state.json was renamed into place (dirUnsynced).
+func (w *workerLog) appendBatch(data batchData, seq, dropped uint64, records int, maxFileBytes int64, maxFiles int) (vouched, error) {
 	if !w.stateOnDisk {
 		// A new worker (or one whose state was removed): record where its files end
 		// before adding to them, so that a crash before this batch's state is written
 		// cuts the batch off on restart instead of keeping it unacknowledged.
 		if _, err := writeStateRenamed(w.dir, w.state, w.syncDir); err != nil {
-			return fmt.Errorf("state: %w", err)
+			return vouched{}, fmt.Errorf("state: %w", err)
 		}
 		w.stateOnDisk = true
 	}
 	size := data.Size()
 	if w.state.Size > 0 && w.state.Size+size > maxFileBytes {
 		if err := w.rotate(maxFiles); err != nil {
-			return fmt.Errorf("rotate: %w", err)
+			return vouched{}, fmt.Errorf("rotate: %w", err)
 		}
 	}
 	if w.file == nil {
 		f, err := os.OpenFile(w.dataPath(w.state.File), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 		if err != nil {
-			return err
+			return vouched{}, err
 		}
 		// The file may run past the acknowledged size: a failed batch whose cut did not
 		// succeed either. Appending after it would put the next batch beyond what
 		// state.json records, where queries never read and a restart cuts it off.
 		if err := cutTo(f, w.state.Size); err != nil {
 			f.Close()
-			return fmt.Errorf("cutting a failed batch off: %w", err)
+			return vouched{}, fmt.Errorf("cutting a failed batch off: %w", err)
 		}
 		w.file = f
 		if !slices.Contains(w.files, w.state.File) {
 			w.files = append(w.files, w.state.File)
 			if err := w.syncDir(w.dir); err != nil {
-				return err
+				return vouched{}, err
 			}
 		}
 	}
@@ -563,11 +573,11 @@ func (w *workerLog) appendBatch(data batchData, seq, dropped uint64, maxFileByte
 	}
 	if err != nil {
 		w.dropBatch() // the resend writes it whole
-		return fmt.Errorf("write: %w", err)
+		return vouched{}, fmt.Errorf("write: %w", err)
 	}
 	if err := w.file.Sync(); err != nil {
 		w.dropBatch()
-		return fmt.Errorf("fsync: %w", err)
+		return vouched{}, fmt.Errorf("fsync: %w", err)
 	}
 	next := w.state
 	next.LastSeq, next.Dropped, next.Size = seq, max(dropped, w.state.Dropped), w.state.Size+size
@@ -579,14 +589,20 @@ func (w *workerLog) appendBatch(data batchData, seq, dropped uint64, maxFileByte
 			// acknowledged only once the directory's fsync works (settle).
 			w.state = next
 			w.dirUnsynced = true
+			w.unvouched.batches++
+			w.unvouched.records += records
 		} else {
 			w.dropBatch()
 		}
-		return fmt.Errorf("state: %w", err)
+		return vouched{}, fmt.Errorf("state: %w", err)
 	}
 	w.state = next
 	w.dirUnsynced = false // this fsync of the directory covers the earlier rename too
-	return nil
+	v := w.unvouched
+	w.unvouched = vouched{}
+	v.batches++
+	v.records += records
+	return v, nil
 }
 
 // maxWriteBuffer bounds the buffer a batch is written through.

@@ -29,7 +29,7 @@ func TestBatchAfterAnUncutFailedBatchStartsAtTheAcknowledgedSize(t *testing.T) {
 	first, second := []byte(`{"n":1}`+"\n"), []byte(`{"n":2}`+"\n")
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if err := w.appendBatch(rawLines(first), 1, 0, 1<<20, 3); err != nil {
+	if _, err := w.appendBatch(rawLines(first), 1, 0, 1, 1<<20, 3); err != nil {
 		t.Fatal(err)
 	}
 	// What a failed batch whose cut also failed leaves: its bytes, and the file closed.
@@ -45,7 +45,7 @@ func TestBatchAfterAnUncutFailedBatchStartsAtTheAcknowledgedSize(t *testing.T) {
 	w.file.Close()
 	w.file = nil
 
-	if err := w.appendBatch(rawLines(second), 2, 0, 1<<20, 3); err != nil {
+	if _, err := w.appendBatch(rawLines(second), 2, 0, 1, 1<<20, 3); err != nil {
 		t.Fatal(err)
 	}
 	got, err := os.ReadFile(path)
@@ -74,7 +74,7 @@ func TestUncutFailedBatchIsCutBeforeARotation(t *testing.T) {
 	first := []byte(`{"n":1,"pad":"xxxxxxxxxx"}` + "\n")  // 27 bytes
 	second := []byte(`{"n":2,"pad":"yyyyyyyyyy"}` + "\n") // 27 bytes: 27+27 > 40, rotates
 	w.mu.Lock()
-	if err := w.appendBatch(rawLines(first), 1, 0, maxFile, 10); err != nil {
+	if _, err := w.appendBatch(rawLines(first), 1, 0, 1, maxFile, 10); err != nil {
 		t.Fatal(err)
 	}
 	// What a failed batch 2 whose cut also failed leaves (its fsync or state write
@@ -92,7 +92,7 @@ func TestUncutFailedBatchIsCutBeforeARotation(t *testing.T) {
 	w.file.Close()
 	w.file = nil
 	// The agent resends batch 2 (never acknowledged); it does not fit: rotation.
-	if err := w.appendBatch(rawLines(second), 2, 0, maxFile, 10); err != nil {
+	if _, err := w.appendBatch(rawLines(second), 2, 0, 1, maxFile, 10); err != nil {
 		t.Fatal(err)
 	}
 	w.mu.Unlock()
