@@ -70,7 +70,8 @@ type Config struct {
 	// WriteTimeout is the deadline of every frame written to an agent. Zero means 10s.
 	WriteTimeout time.Duration
 	// ReadTimeout is how long a stream may stay silent (no frame, ping or pong) before
-	// it is dropped. Zero means 60s.
+	// it is dropped, and how long a frame may take to arrive once it has a batch slot
+	// (pings do not extend that). Zero means 60s.
 	ReadTimeout time.Duration
 	// PingInterval is how often the collector pings each agent. Zero means 20s; it must
 	// be below ReadTimeout.
@@ -101,6 +102,9 @@ type testHooks struct {
 	// batchWaits, when set, receives the worker id of each stream whose next batch
 	// has to wait for a slot (MaxActiveBatches), as it starts waiting.
 	batchWaits chan<- string
+	// slotTaken, when set, receives the worker id of each stream whose next batch
+	// has taken a slot, before its frame is read.
+	slotTaken chan<- string
 	// now, when set, is the store's clock (how long workers have been gone).
 	now func() time.Time
 }

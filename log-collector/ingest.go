@@ -348,23 +348,53 @@ func (c *Collector) serveStream(ic *ingestConn) error {
 	c.log.Info().Str("worker_id", ic.worker).Str("stream_id", hello.GetStreamId()).Str("agent", hello.GetAgent()).Uint64("last_seq", last).
 		Msg("log stream connected")
 
-	extend := func() { _ = ws.SetReadDeadline(time.Now().Add(c.cfg.ReadTimeout)) }
-	extend()
+	dl := &readDeadline{ws: ws, timeout: c.cfg.ReadTimeout}
+	dl.extend()
 	ws.SetPingHandler(func(data string) error {
-		extend()
+		dl.extend()
 		err := ws.WriteControl(websocket.PongMessage, []byte(data), time.Now().Add(c.cfg.WriteTimeout))
 		if errors.Is(err, websocket.ErrCloseSent) {
 			return nil
 		}
 		return err
 	})
-	ws.SetPongHandler(func(string) error { extend(); return nil })
+	ws.SetPongHandler(func(string) error { dl.extend(); return nil })
 
 	for {
-		if err := c.serveBatch(w, ic, extend); err != nil {
+		if err := c.serveBatch(w, ic, dl); err != nil {
 			return err
 		}
 	}
+}
+
+// readDeadline is a stream's read deadline. Between frames a stream may stay silent
+// for ReadTimeout, every ping or pong giving it that long again; once a frame has
+// taken a batch slot it must arrive whole within ReadTimeout, pings or not: a stream
+// that started a frame and only answered pings held its slot for ever. Used by the
+// stream's goroutine only (the ping and pong handlers run on it, within a read).
+type readDeadline struct {
+	ws      *websocket.Conn
+	timeout time.Duration
+	inFrame bool
+}
+
+// extend gives the stream ReadTimeout from now, unless a frame is being read.
+func (d *readDeadline) extend() {
+	if !d.inFrame {
+		_ = d.ws.SetReadDeadline(time.Now().Add(d.timeout))
+	}
+}
+
+// startFrame gives the rest of the frame ReadTimeout from now, which nothing extends.
+func (d *readDeadline) startFrame() {
+	d.inFrame = true
+	_ = d.ws.SetReadDeadline(time.Now().Add(d.timeout))
+}
+
+// endFrame goes back to extending the deadline, from now.
+func (d *readDeadline) endFrame() {
+	d.inFrame = false
+	d.extend()
 }
 
 // errStreamClosed ends a stream that was closed (replaced, or the collector stopping)
@@ -373,7 +403,7 @@ var errStreamClosed = errors.New("stream closed while its batch waited for a slo
 
 // serveBatch reads, writes and acknowledges the stream's next batch, holding one of
 // the collector's batch slots from the moment the frame starts until it is acknowledged.
-func (c *Collector) serveBatch(w *workerLog, ic *ingestConn, extend func()) error {
+func (c *Collector) serveBatch(w *workerLog, ic *ingestConn, dl *readDeadline) error {
 	kind, r, err := ic.ws.NextReader() // returns once a frame starts: nothing held yet
 	if err != nil {
 		return err
@@ -398,20 +428,25 @@ func (c *Collector) serveBatch(w *workerLog, ic *ingestConn, extend func()) erro
 		case <-ic.done:
 			return errStreamClosed
 		}
-		extend() // the wait was the collector's, not the agent's silence
 	}
 	defer func() { <-c.batchSlots }()
+	if h := c.cfg.hooks; h != nil && h.slotTaken != nil {
+		h.slotTaken <- ic.worker
+	}
 	// The slot is held while the frame arrives: an agent trickling one in holds it up
-	// to ReadTimeout. Reading first would bound nothing, the frame being the memory.
+	// to ReadTimeout from now (a wait for the slot was the collector's, not the
+	// agent's), and pings do not extend that. Reading first would bound nothing, the
+	// frame being the memory.
+	dl.startFrame()
 	data, err := io.ReadAll(r)
 	if err != nil {
 		return err
 	}
+	dl.endFrame()
 	env, err := c.decodeMessage(kind, data)
 	if err != nil {
 		return err
 	}
-	extend()
 	b := env.GetBatch()
 	if b == nil {
 		return badFrame("expected a batch, got %T", env.GetBody())

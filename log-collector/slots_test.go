@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorilla/websocket"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	pb "github.com/smartroute/smartroute/proto/smartroutev1"
@@ -123,4 +124,108 @@ func TestCollectorPingsEveryStream(t *testing.T) {
 			t.Fatalf("pinged only %v", seen)
 		}
 	}
+}
+
+// A frame that has taken a slot must arrive whole within ReadTimeout, pings or not. A
+// stream that sent one fragment of a frame and then only pinged (or answered the
+// collector's pings) held the slot for ever: with MaxActiveBatches such streams,
+// every worker's ingest stopped. Between frames pings still keep a stream up.
+func TestUnfinishedFrameHoldsItsSlotOnlyForReadTimeout(t *testing.T) {
+	t.Parallel()
+	const readTimeout = 300 * time.Millisecond
+	waits, taken := make(chan string, 4), make(chan string, 4)
+	r := startCollector(t, Config{MaxActiveBatches: 1, ReadTimeout: readTimeout, PingInterval: 50 * time.Millisecond,
+		hooks: &testHooks{batchWaits: waits, slotTaken: taken}})
+
+	slow, _ := connect(t, r.ingestURL(), "slow", "s1")
+	slowEnded := make(chan error, 1)
+	go func() { // answers the collector's pings (gorilla's default handler) until the end
+		for {
+			if _, _, err := slow.ws.ReadMessage(); err != nil {
+				slowEnded <- err
+				return
+			}
+		}
+	}()
+	fw, err := slow.ws.NextWriter(websocket.BinaryMessage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// More than the write buffer: a non-final fragment goes out, the frame stays open.
+	if _, err := fw.Write(make([]byte, 16<<10)); err != nil {
+		t.Fatal(err)
+	}
+	if w := <-taken; w != "slow" {
+		t.Fatalf("slot taken by %q, want slow", w)
+	}
+	stopPings := make(chan struct{})
+	pingsDone := make(chan struct{})
+	go func() { // and pings the collector itself, more often than ReadTimeout
+		defer close(pingsDone)
+		tick := time.NewTicker(readTimeout / 6)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stopPings:
+				return
+			case <-tick.C:
+				if slow.ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(time.Second)) != nil {
+					return
+				}
+			}
+		}
+	}()
+	defer func() { close(stopPings); <-pingsDone }()
+
+	victim, _ := connect(t, r.ingestURL(), "victim", "s1")
+	pings := make(chan struct{}, 64)
+	victim.ws.SetPingHandler(func(data string) error {
+		select {
+		case pings <- struct{}{}:
+		default:
+		}
+		return victim.ws.WriteControl(websocket.PongMessage, []byte(data), time.Now().Add(time.Second))
+	})
+	frames := make(chan *pb.LogEnvelope, 4)
+	go func() {
+		defer close(frames)
+		for {
+			env, err := victim.read()
+			if err != nil {
+				return
+			}
+			frames <- env
+		}
+	}()
+	ack := func(seq uint64) {
+		t.Helper()
+		select {
+		case env := <-frames:
+			if env.GetAck().GetSeq() != seq {
+				t.Fatalf("victim got %v, want the ack of %d", env, seq)
+			}
+		case <-time.After(20 * readTimeout): // a bound on failure
+			t.Fatalf("victim's batch %d unacknowledged after %s (ReadTimeout %s): the unfinished frame holds the only slot",
+				seq, 20*readTimeout, readTimeout)
+		}
+	}
+	victim.send(&pb.LogEnvelope{Body: &pb.LogEnvelope_Batch{Batch: &pb.LogBatch{Seq: 1, Records: [][]byte{[]byte(`{"n":1}`)}}}})
+	if w := waitingStream(t, waits); w != "victim" {
+		t.Fatalf("waiting stream %q, want victim", w)
+	}
+	ack(1)
+	if err := <-slowEnded; err == nil {
+		t.Fatal("the slow stream was not ended")
+	}
+
+	// Idle for more than ReadTimeout of pings (each 50 ms), the victim's stream is up.
+	for range 2 * readTimeout / (50 * time.Millisecond) {
+		select {
+		case <-pings:
+		case <-time.After(20 * readTimeout):
+			t.Fatal("no ping from the collector")
+		}
+	}
+	victim.send(&pb.LogEnvelope{Body: &pb.LogEnvelope_Batch{Batch: &pb.LogBatch{Seq: 2, Records: [][]byte{[]byte(`{"n":2}`)}}}})
+	ack(2)
 }
