@@ -92,7 +92,8 @@ func run(args []string) error {
 	if fs.NArg() > 0 {
 		return usageError{fmt.Errorf("unexpected arguments: %q", fs.Args())}
 	}
-	if err := fromEnv(fs); err != nil {
+	inEnv, err := fromEnv(fs)
+	if err != nil {
 		return usageError{err}
 	}
 	// In Config zero means the default; on the command line it is a mistake.
@@ -109,10 +110,11 @@ func run(args []string) error {
 		}
 	}
 	// No tokens means no credentials asked: a list that was given and holds none (an
-	// unset variable in a template, say) must not open /ingest to anyone.
-	givenOnCommandLine := false
-	fs.Visit(func(f *flag.Flag) { givenOnCommandLine = givenOnCommandLine || f.Name == "ingest-token" })
-	if (*ingestTokens != "" || givenOnCommandLine) && len(cfg.IngestTokens) == 0 {
+	// unset variable in a template, or INGEST_TOKEN from an empty key of a Secret)
+	// must not open /ingest to anyone.
+	given := inEnv["ingest-token"]
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == "ingest-token" })
+	if given && len(cfg.IngestTokens) == 0 {
 		return usageError{fmt.Errorf("--ingest-token (INGEST_TOKEN) %q holds no token; leave it unset to take streams without credentials", *ingestTokens)}
 	}
 	level, err := zerolog.ParseLevel(*logLevel)
@@ -147,18 +149,28 @@ func envName(flagName string) string {
 	return strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
 
-// fromEnv sets every flag not given on the command line from its environment variable.
-func fromEnv(fs *flag.FlagSet) error {
+// fromEnv sets every flag not given on the command line from its environment variable
+// and returns the flags whose variable is set, empty or not. An empty variable leaves
+// its flag alone (a blank line in an env file is no value), but it was given: an
+// empty INGEST_TOKEN is refused as --ingest-token= is.
+func fromEnv(fs *flag.FlagSet) (inEnv map[string]bool, err error) {
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	inEnv = map[string]bool{}
 	var errs []error
 	fs.VisitAll(func(f *flag.Flag) {
 		name := envName(f.Name)
-		if v, ok := os.LookupEnv(name); ok && v != "" && !given[f.Name] {
-			if err := f.Value.Set(v); err != nil {
-				errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
-			}
+		v, ok := os.LookupEnv(name)
+		if !ok || given[f.Name] {
+			return
+		}
+		inEnv[f.Name] = true
+		if v == "" {
+			return
+		}
+		if err := f.Value.Set(v); err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
 		}
 	})
-	return errors.Join(errs...)
+	return inEnv, errors.Join(errs...)
 }

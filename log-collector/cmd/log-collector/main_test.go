@@ -2,6 +2,7 @@ package main
 
 import (
 	"net"
+	"os"
 	"testing"
 )
 
@@ -40,6 +41,39 @@ func TestBadConfigurationExitsTwo(t *testing.T) {
 		}
 		if got := exitCode(err); got != c.want {
 			t.Errorf("%q: exit %d, want %d (%v)", c.args, got, c.want, err)
+		}
+	}
+}
+
+// INGEST_TOKEN set and holding no token (the chart fills it from a Secret's key, and
+// an existingSecret may have that key empty) is refused as --ingest-token= is: read
+// as no tokens, it opened /ingest to anyone. The address is taken so that a start
+// that got past the check fails at once (exit 1) rather than serving.
+func TestIngestTokenVariableWithNoTokenExitsTwo(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	for _, c := range []struct {
+		value string
+		set   bool
+		want  int
+	}{
+		{"", true, 2},
+		{" , ", true, 2},
+		{"", false, 1},    // unset: no credentials asked, as documented
+		{"tok1", true, 1}, // tokens: started, then the address was taken
+	} {
+		if c.set {
+			t.Setenv("INGEST_TOKEN", c.value)
+		} else {
+			t.Setenv("INGEST_TOKEN", "") // restored after the test
+			os.Unsetenv("INGEST_TOKEN")
+		}
+		err := run([]string{"--addr", busy.Addr().String(), "--dir", t.TempDir()})
+		if got := exitCode(err); err == nil || got != c.want {
+			t.Errorf("INGEST_TOKEN=%q (set %v): exit %d (%v), want %d", c.value, c.set, got, err, c.want)
 		}
 	}
 }
