@@ -273,8 +273,9 @@ func FuzzParseLogsQuery(f *testing.F) {
 }
 
 // FuzzDecodeLogFrame: no frame crashes the decoder or the line writer, every line
-// written for an accepted batch is one JSON object, and the lines are the size
-// planned before they are written (the limit and rotation go by it).
+// written for an accepted batch is one JSON object, the lines are the size planned
+// before they are written (the limit and rotation go by it), and the records counted
+// before decoding are at least those decoded (maxBatchRecords goes by them).
 func FuzzDecodeLogFrame(f *testing.F) {
 	for _, env := range []*pb.LogEnvelope{
 		{Body: &pb.LogEnvelope_Hello{Hello: &pb.LogHello{ProtocolVersion: 1, WorkerId: "w1", StreamId: "s"}}},
@@ -297,6 +298,9 @@ func FuzzDecodeLogFrame(f *testing.F) {
 		batch := env.GetBatch()
 		if batch == nil {
 			return
+		}
+		if n := countBatchRecords(b); n < len(batch.GetRecords()) {
+			t.Fatalf("counted %d records before decoding, decoded %d: the count bounds nothing", n, len(batch.GetRecords()))
 		}
 		lines := newBatchLines("w1", batch, batch.GetSeq()/2, 0)
 		var buf bytes.Buffer
