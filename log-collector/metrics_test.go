@@ -1,10 +1,8 @@
 package logcollector
 
 import (
-	"errors"
 	"os"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -118,20 +116,7 @@ func TestBatchWrittenWithUnsyncedStateCountsOnceVouchedFor(t *testing.T) {
 	m := r.c.met
 	a, _ := connect(t, r.ingestURL(), "w1", "s1")
 	a.batch(1, 0, `{"n":1}`)
-	w, err := r.c.store.worker("w1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var failing atomic.Bool
-	failing.Store(true)
-	w.mu.Lock()
-	w.syncDir = func(dir string) error {
-		if failing.Load() {
-			return errors.New("input/output error")
-		}
-		return syncDir(dir)
-	}
-	w.mu.Unlock()
+	failing := failDirSync(t, r, "w1")
 	a.send(&pb.LogEnvelope{Body: &pb.LogEnvelope_Batch{Batch: &pb.LogBatch{Seq: 2,
 		Records: [][]byte{[]byte(`{"n":2}`), []byte(`{"n":3}`), []byte(`{"n":4}`)}}}})
 	if code := a.closeCode(); code != websocket.CloseInternalServerErr {

@@ -127,19 +127,15 @@ func TestUncutFailedBatchIsCutBeforeARotation(t *testing.T) {
 	st2.close()
 }
 
-// When state.json was renamed into place but the directory's fsync failed, a power cut
-// could bring the old state back: the batch's resend must not be acknowledged, nor a
-// welcome tell the agent it may forget that seq, until a directory fsync works.
-func TestUnsyncedStateRenameIsNotVouchedFor(t *testing.T) {
-	t.Parallel()
-	r := startCollector(t, Config{})
-	a, _ := connect(t, r.ingestURL(), "w1", "s1")
-	a.batch(1, 0, `{"n":1}`)
-	w, err := r.c.store.worker("w1")
+// failDirSync makes the directory fsyncs of worker id's store fail, with EIO, until
+// the flag it returns is cleared.
+func failDirSync(t *testing.T, r *running, id string) *atomic.Bool {
+	t.Helper()
+	w, err := r.c.store.worker(id)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var failing atomic.Bool
+	failing := new(atomic.Bool)
 	failing.Store(true)
 	w.mu.Lock()
 	w.syncDir = func(dir string) error {
@@ -149,6 +145,18 @@ func TestUnsyncedStateRenameIsNotVouchedFor(t *testing.T) {
 		return syncDir(dir)
 	}
 	w.mu.Unlock()
+	return failing
+}
+
+// When state.json was renamed into place but the directory's fsync failed, a power cut
+// could bring the old state back: the batch's resend must not be acknowledged, nor a
+// welcome tell the agent it may forget that seq, until a directory fsync works.
+func TestUnsyncedStateRenameIsNotVouchedFor(t *testing.T) {
+	t.Parallel()
+	r := startCollector(t, Config{})
+	a, _ := connect(t, r.ingestURL(), "w1", "s1")
+	a.batch(1, 0, `{"n":1}`)
+	failing := failDirSync(t, r, "w1")
 	a.send(&pb.LogEnvelope{Body: &pb.LogEnvelope_Batch{Batch: &pb.LogBatch{Seq: 2, Records: [][]byte{[]byte(`{"n":2}`)}}}})
 	if code := a.closeCode(); code != websocket.CloseInternalServerErr {
 		t.Fatalf("batch 2 with the directory fsync failing: close code %d, want %d", code, websocket.CloseInternalServerErr)
