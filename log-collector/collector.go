@@ -305,7 +305,7 @@ func (c *Collector) getLogs(ctx echo.Context) error {
 	if h := c.cfg.hooks; h != nil && h.queryBytes > 0 {
 		q.maxBytes = h.queryBytes
 	}
-	resp, err := c.store.query(ctx.Request().Context(), q)
+	res, err := c.store.query(ctx.Request().Context(), q)
 	if errors.Is(err, errUnknownWorker) {
 		return ctx.JSON(http.StatusNotFound, errorBody{err.Error()})
 	}
@@ -315,10 +315,15 @@ func (c *Collector) getLogs(ctx echo.Context) error {
 	if err != nil {
 		return err
 	}
-	for _, err := range resp.unreadable {
+	for _, err := range res.unreadable {
 		c.log.Warn().Err(err).Msg("left a worker's unreadable logs out of a query over every worker")
 	}
-	return ctx.JSON(http.StatusOK, resp)
+	ctx.Response().Header().Set(echo.HeaderContentType, echo.MIMEApplicationJSON)
+	ctx.Response().WriteHeader(http.StatusOK)
+	if err := writeLogs(ctx.Response(), res); err != nil {
+		c.log.Debug().Err(err).Int("records", len(res.records)).Msg("a query's answer was not written whole")
+	}
+	return nil // the status is sent; the connection is closed on a write error
 }
 
 // Run serves on cfg.Addr until ctx ends, then shuts down: the listener closes, every

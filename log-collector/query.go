@@ -1,12 +1,15 @@
 package logcollector
 
 import (
+	"bufio"
+	"bytes"
 	"cmp"
 	"container/heap"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/url"
 	"slices"
 	"strconv"
@@ -122,16 +125,17 @@ func parseQueryTime(name, s string, now time.Time) (time.Time, error) {
 
 // matchedRecord is a record a query returns.
 type matchedRecord struct {
-	raw  json.RawMessage
-	time time.Time
-	seq  int // place among the worker's matches, in file order
+	raw    []byte // a copy of the record's line
+	time   time.Time
+	worker int // place of its worker in the query's list: on equal times the earlier worker's record comes first
+	seq    int // place among the worker's matches, in file order
 }
 
 func byTimeThenSeq(a, b matchedRecord) int {
-	return cmp.Or(a.time.Compare(b.time), cmp.Compare(a.seq, b.seq))
+	return cmp.Or(a.time.Compare(b.time), cmp.Compare(a.worker, b.worker), cmp.Compare(a.seq, b.seq))
 }
 
-// recordHeap keeps a worker's most recent matches: its top is the oldest.
+// recordHeap keeps a query's most recent matches: its top is the oldest.
 type recordHeap []matchedRecord
 
 func (h recordHeap) Len() int           { return len(h) }
@@ -178,7 +182,9 @@ func (q *logQuery) match(line []byte) (time.Time, bool) {
 // errUnknownWorker: the queried worker has no logs here.
 var errUnknownWorker = errors.New("no logs for this worker")
 
-// logsResponse is the body of GET /logs.
+// logsResponse is the body of GET /logs, as clients read it; writeLogs writes it
+// record by record rather than through encoding/json, which builds the whole answer
+// in one buffer first (as large again as the records, and more while it grows).
 type logsResponse struct {
 	// Records are the most recent matching records, oldest first.
 	Records []json.RawMessage `json:"records"`
@@ -189,56 +195,101 @@ type logsResponse struct {
 	// be read (a damaged directory): left out, so that one worker's damage does not
 	// hide everyone's logs. Why is in unreadable and in the collector's log.
 	UnreadableWorkers []string `json:"unreadable_workers,omitempty"`
-	unreadable        []error
 }
 
-// query runs q over the store: per worker the last q.limit matches in file order;
-// across workers merged by record time.
+// queryResult is what a query found: the records of a logsResponse and why workers
+// were left out.
+type queryResult struct {
+	records           []matchedRecord // oldest first
+	truncated         bool
+	unreadableWorkers []string
+	unreadable        []error // why, one for each of unreadableWorkers
+}
+
+// query runs q over the store: the most recent q.limit matches by record time (file
+// order within a worker, the order of ids across workers on equal times) that fit in
+// q.maxBytes. One heap keeps them for all workers, so that a query holds at most
+// q.maxBytes of records (and one record more while it decides which to drop) however
+// many workers it reads.
 // It stops with ctx's error once ctx is done (the caller gone).
-func (s *store) query(ctx context.Context, q logQuery) (logsResponse, error) {
+func (s *store) query(ctx context.Context, q logQuery) (queryResult, error) {
 	ids := []string{q.worker}
 	if q.worker == "" {
 		var err error
 		if ids, err = s.workerIDs(); err != nil {
-			return logsResponse{}, err
+			return queryResult{}, err
 		}
 	}
-	var (
-		all       []matchedRecord
-		truncated bool
-		resp      logsResponse
-	)
-	skip := func(id string, err error) {
-		resp.UnreadableWorkers = append(resp.UnreadableWorkers, id)
-		resp.unreadable = append(resp.unreadable, err)
+	left := map[int]error{} // workers left out of a query over every worker, and why
+	for {
+		res, err := s.collect(ctx, q, ids, left)
+		if !errors.Is(err, errQueryAgain) {
+			return res, err
+		}
 	}
-	for _, id := range ids {
+}
+
+// errQueryAgain: a worker failed midway through its files after its records had
+// displaced others'; collect is run again without it.
+var errQueryAgain = errors.New("query again without a worker that could not be read")
+
+// collect is a query over ids less those in left, adding to left those it cannot read
+// (in a query over every worker).
+func (s *store) collect(ctx context.Context, q logQuery, ids []string, left map[int]error) (queryResult, error) {
+	var (
+		res    queryResult
+		recent recordHeap // top: the oldest kept
+		held   int        // bytes of the records kept
+		// floor is the most recent record dropped: every record kept is more recent
+		// and every record at or before it is dropped, so that what is returned is
+		// all the matches after some point (a small old record does not stay where a
+		// larger, more recent one did not fit).
+		floor    matchedRecord
+		hasFloor bool
+		// changes counts records dropped from recent and raises of the floor: a
+		// worker that fails during its scan is taken out by removing its records only
+		// if it changed neither.
+		changes int
+		// spare is the bytes of the record dropped last, for the next one kept: a
+		// query over every worker keeps and drops its budget many times over, and
+		// that garbage, not what is kept, would set the heap's peak.
+		spare []byte
+	)
+	drop := func(m matchedRecord) {
+		if !hasFloor || byTimeThenSeq(m, floor) > 0 {
+			floor, hasFloor = matchedRecord{time: m.time, worker: m.worker, seq: m.seq}, true
+			changes++
+		}
+		res.truncated = true
+	}
+	for i, id := range ids {
+		if _, out := left[i]; out {
+			continue
+		}
 		w, err := s.existing(id)
 		if err != nil {
 			if ctx.Err() != nil {
-				return logsResponse{}, ctx.Err()
+				return queryResult{}, ctx.Err()
 			}
 			if q.worker == "" {
-				skip(id, err)
+				left[i] = err
 				continue
 			}
-			return logsResponse{}, err
+			return queryResult{}, err
 		}
 		if w == nil {
 			if q.worker == "" {
 				continue // a gone worker's directory, trimmed since it was listed
 			}
-			return logsResponse{}, fmt.Errorf("%w: %s", errUnknownWorker, id)
+			return queryResult{}, fmt.Errorf("%w: %s", errUnknownWorker, id)
 		}
 		// The most recent matches by record time, not by place in the file (an old
-		// agent process's last flush can land after its successor's records): a heap
-		// whose top is the oldest kept, dropped while over limit or maxBytes.
+		// agent process's last flush can land after its successor's records).
 		var (
-			recent recordHeap
-			held   int       // bytes of the records kept
-			last   time.Time // of the match before: a record without a time keeps its place after it
-			seq    int       // file order, for records of equal time
+			last time.Time // of the match before: a record without a time keeps its place after it
+			seq  int       // file order, for records of equal time
 		)
+		changesBefore := changes
 		err = w.scan(ctx, func(line []byte) {
 			t, ok := q.match(line)
 			if !ok {
@@ -248,68 +299,114 @@ func (s *store) query(ctx context.Context, q logQuery) (logsResponse, error) {
 				t = last
 			}
 			last, seq = t, seq+1
-			heap.Push(&recent, matchedRecord{raw: json.RawMessage(slices.Clone(line)), time: t, seq: seq})
-			held += len(line)
+			m := matchedRecord{time: t, worker: i, seq: seq}
+			full := len(recent) > 0 && (len(recent) >= q.limit || held+len(line) > q.maxBytes)
+			if hasFloor && byTimeThenSeq(m, floor) <= 0 || full && byTimeThenSeq(m, recent[0]) < 0 {
+				drop(m) // older than what is kept, and no room: not worth a copy
+				return
+			}
+			if len(line) <= cap(spare) && cap(spare) <= 2*len(line) {
+				m.raw, spare = append(spare[:0], line...), nil
+			} else {
+				m.raw = slices.Clone(line)
+			}
+			heap.Push(&recent, m)
+			held += cap(m.raw)
 			for len(recent) > 1 && (len(recent) > q.limit || held > q.maxBytes) {
-				held -= len(heap.Pop(&recent).(matchedRecord).raw)
-				truncated = true
+				old := heap.Pop(&recent).(matchedRecord)
+				held -= cap(old.raw)
+				changes++
+				drop(old)
+				spare = old.raw
 			}
 		})
 		if err != nil {
 			if ctx.Err() != nil {
-				return logsResponse{}, ctx.Err()
+				return queryResult{}, ctx.Err()
 			}
-			if q.worker == "" {
-				skip(id, fmt.Errorf("read logs of worker %s: %w", id, err))
-				continue
+			if q.worker != "" {
+				return queryResult{}, err
 			}
-			return logsResponse{}, err
+			left[i] = fmt.Errorf("read logs of worker %s: %w", id, err)
+			if changes != changesBefore {
+				return queryResult{}, errQueryAgain
+			}
+			recent = slices.DeleteFunc(recent, func(m matchedRecord) bool { return m.worker == i })
+			heap.Init(&recent)
+			held = 0
+			for _, m := range recent {
+				held += cap(m.raw)
+			}
 		}
-		ring := []matchedRecord(recent)
-		slices.SortFunc(ring, byTimeThenSeq)
-		if len(ids) == 1 {
-			all = ring
-			break
+	}
+	for i, id := range ids {
+		if err, out := left[i]; out {
+			res.unreadableWorkers = append(res.unreadableWorkers, id)
+			res.unreadable = append(res.unreadable, err)
 		}
-		// Merge as we go and keep only the last limit: holding limit records of every
-		// worker would grow with the number of workers ever seen.
-		all = mergeByTime(all, ring)
-		all = keepLast(all, q, &truncated)
 	}
-	// Within limit and maxBytes already: the scan kept one worker's, keepLast the merge.
-	resp.Records, resp.Count, resp.Truncated = make([]json.RawMessage, len(all)), len(all), truncated
-	for i, m := range all {
-		resp.Records[i] = m.raw
-	}
-	return resp, nil
+	res.records = recent
+	slices.SortFunc(res.records, byTimeThenSeq)
+	return res, nil
 }
 
-// keepLast drops the oldest records beyond q.limit or q.maxBytes (always keeping the
-// newest), noting that in truncated.
-func keepLast(all []matchedRecord, q logQuery, truncated *bool) []matchedRecord {
-	held := 0
-	for i := len(all) - 1; i >= 0; i-- {
-		held += len(all[i].raw)
-		if i < len(all)-1 && (len(all)-i > q.limit || held > q.maxBytes) {
-			*truncated = true
-			return all[i+1:]
+// writeLogs writes res to w as a logsResponse, in the bytes encoding/json would write
+// (records compacted and HTML-escaped, a final newline), but a record at a time:
+// encoding/json builds the whole answer in one buffer first, which while it grows
+// holds up to three times the records. A record encoding/json would refuse (gjson,
+// which matched it, is laxer) is left out and not counted, where it failed the whole
+// answer before.
+func writeLogs(w io.Writer, res queryResult) error {
+	bw := bufio.NewWriterSize(w, 32<<10)
+	bw.WriteString(`{"records":[`)
+	var compact bytes.Buffer // one record at a time
+	count := 0
+	for _, m := range res.records {
+		compact.Reset()
+		if json.Compact(&compact, m.raw) != nil {
+			continue
 		}
+		if count > 0 {
+			bw.WriteByte(',')
+		}
+		writeHTMLEscaped(bw, compact.Bytes())
+		count++
 	}
-	return all
+	tail, err := json.Marshal(struct {
+		Count             int      `json:"count"`
+		Truncated         bool     `json:"truncated"`
+		UnreadableWorkers []string `json:"unreadable_workers,omitempty"`
+	}{count, res.truncated, res.unreadableWorkers})
+	if err != nil {
+		return err
+	}
+	bw.WriteString("],")
+	bw.Write(tail[1:]) // without its '{'
+	bw.WriteByte('\n')
+	return bw.Flush() // a bufio.Writer keeps its first error
 }
 
-func byTime(a, b matchedRecord) int { return a.time.Compare(b.time) }
-
-// mergeByTime merges two lists sorted by time into a new one; on equal times a's
-// records come first, as a stable sort of a followed by b would put them.
-func mergeByTime(a, b []matchedRecord) []matchedRecord {
-	out := make([]matchedRecord, 0, len(a)+len(b))
-	for len(a) > 0 && len(b) > 0 {
-		if byTime(b[0], a[0]) < 0 {
-			out, b = append(out, b[0]), b[1:]
-		} else {
-			out, a = append(out, a[0]), a[1:]
+// writeHTMLEscaped writes src, compact JSON, with <, > and & written as \u003c, \u003e
+// and \u0026, and U+2028 and U+2029 as \u2028 and \u2029, as json.HTMLEscape does
+// (and encoding/json with a json.RawMessage), without a copy of src.
+func writeHTMLEscaped(w *bufio.Writer, src []byte) {
+	const hex = "0123456789abcdef"
+	start := 0
+	for i := 0; i < len(src); i++ {
+		switch c := src[i]; {
+		case c == '<' || c == '>' || c == '&':
+			w.Write(src[start:i])
+			w.WriteString(`\u00`)
+			w.WriteByte(hex[c>>4])
+			w.WriteByte(hex[c&0xf])
+			start = i + 1
+		case c == 0xe2 && i+2 < len(src) && src[i+1] == 0x80 && src[i+2]&^1 == 0xa8: // U+2028, U+2029
+			w.Write(src[start:i])
+			w.WriteString(`\u202`)
+			w.WriteByte(hex[src[i+2]&0xf])
+			i += 2
+			start = i + 1
 		}
 	}
-	return append(append(out, a...), b...)
+	w.Write(src[start:])
 }

@@ -68,16 +68,16 @@ func TestAllWorkersQueryMemoryIsBoundedByLimit(t *testing.T) {
 	runtime.GC()
 	runtime.ReadMemStats(&before)
 	type result struct {
-		resp logsResponse
-		err  error
+		res queryResult
+		err error
 	}
 	done := make(chan result, 1)
 	go func() {
 		q, err := parseLogQuery(fmt.Sprintf("limit=%d", limit), time.Now())
 		if err == nil {
-			var resp logsResponse
-			resp, err = r.c.store.query(context.Background(), q)
-			done <- result{resp, err}
+			var res queryResult
+			res, err = r.c.store.query(context.Background(), q)
+			done <- result{res, err}
 			return
 		}
 		done <- result{err: err}
@@ -94,8 +94,8 @@ func TestAllWorkersQueryMemoryIsBoundedByLimit(t *testing.T) {
 	if res.err != nil {
 		t.Fatal(res.err)
 	}
-	if res.resp.Count != limit || !res.resp.Truncated {
-		t.Fatalf("count %d truncated %v, want %d true", res.resp.Count, res.resp.Truncated, limit)
+	if n := len(res.res.records); n != limit || !res.res.truncated {
+		t.Fatalf("count %d truncated %v, want %d true", n, res.res.truncated, limit)
 	}
 	held := int64(during.HeapAlloc) - int64(before.HeapAlloc)
 	t.Logf("heap grew by %d KiB during the scan", held>>10)

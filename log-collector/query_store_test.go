@@ -86,8 +86,8 @@ func TestQueryStopsWhenTheCallerIsGone(t *testing.T) {
 	}
 	for _, worker := range []string{"", "w1"} {
 		q.worker = worker
-		if resp, err := r.c.store.query(ctx, q); !errors.Is(err, context.Canceled) {
-			t.Errorf("worker %q: %d records, err %v; want context.Canceled", worker, resp.Count, err)
+		if res, err := r.c.store.query(ctx, q); !errors.Is(err, context.Canceled) {
+			t.Errorf("worker %q: %d records, err %v; want context.Canceled", worker, len(res.records), err)
 		}
 	}
 }
