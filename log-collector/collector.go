@@ -34,6 +34,7 @@ const (
 	DefaultMaxFiles         = 10
 	DefaultMaxFrameBytes    = 16 << 20
 	DefaultMaxActiveBatches = 16
+	DefaultMaxActiveQueries = 2
 	DefaultHelloTimeout     = 10 * time.Second
 	DefaultWriteTimeout     = 10 * time.Second
 	DefaultReadTimeout      = 60 * time.Second
@@ -65,6 +66,10 @@ type Config struct {
 	// batch finds no slot free waits, and its agent's later batches wait in its own
 	// buffer. Zero means 16.
 	MaxActiveBatches int
+	// MaxActiveQueries bounds the GET /logs queries run at once. Each holds up to
+	// MaxQueryBytes (64 MiB) of records from its scan until its answer is written; a
+	// query beyond the bound is answered 503 with Retry-After. Zero means 2.
+	MaxActiveQueries int
 	// HelloTimeout bounds the wait for an agent's hello. Zero means 10s.
 	HelloTimeout time.Duration
 	// WriteTimeout is the deadline of every frame written to an agent. Zero means 10s.
@@ -107,6 +112,9 @@ type testHooks struct {
 	slotTaken chan<- string
 	// now, when set, is the store's clock (how long workers have been gone).
 	now func() time.Time
+	// queryHeld, when set, runs in each GET /logs that has taken a query slot, before
+	// its scan.
+	queryHeld func()
 }
 
 // WithDefaults returns a copy of c with zero values replaced by their defaults.
@@ -128,6 +136,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MaxActiveBatches == 0 {
 		c.MaxActiveBatches = DefaultMaxActiveBatches
+	}
+	if c.MaxActiveQueries == 0 {
+		c.MaxActiveQueries = DefaultMaxActiveQueries
 	}
 	for _, d := range []struct {
 		v   *time.Duration
@@ -161,6 +172,9 @@ func (c Config) validate() error {
 	}
 	if c.MaxActiveBatches < 1 {
 		errs = append(errs, fmt.Errorf("MaxActiveBatches (--max-active-batches) must be at least 1, got %d", c.MaxActiveBatches))
+	}
+	if c.MaxActiveQueries < 1 {
+		errs = append(errs, fmt.Errorf("MaxActiveQueries (--max-active-queries) must be at least 1, got %d", c.MaxActiveQueries))
 	}
 	for _, f := range []struct {
 		name string
@@ -204,6 +218,9 @@ type Collector struct {
 	// (MaxActiveBatches): after a collector restart every agent resends its backlog at
 	// once, and without a bound their frames in hand together outgrow the memory limit.
 	batchSlots chan struct{}
+	// querySlots holds a token for each GET /logs query from its scan until its
+	// answer is written (MaxActiveQueries): each may hold MaxQueryBytes.
+	querySlots chan struct{}
 }
 
 type errorBody struct {
@@ -256,6 +273,7 @@ func New(cfg Config) (*Collector, error) {
 		store:        st,
 		streams:      map[*ingestConn]struct{}{},
 		batchSlots:   make(chan struct{}, cfg.MaxActiveBatches),
+		querySlots:   make(chan struct{}, cfg.MaxActiveQueries),
 		ingestTokens: tokens,
 		tls:          tlsCfg,
 	}
@@ -296,7 +314,9 @@ func (c *Collector) routes() *echo.Echo {
 	return e
 }
 
-// getLogs answers GET /logs?worker=&level=&event=&since=&until=&limit=.
+// getLogs answers GET /logs?worker=&level=&event=&since=&until=&limit=. What it holds
+// is bounded two ways: the records of one query by MaxQueryBytes (the answer is
+// streamed, not built), and the queries at once by MaxActiveQueries.
 func (c *Collector) getLogs(ctx echo.Context) error {
 	q, err := parseLogQuery(ctx.Request().URL.RawQuery, time.Now())
 	if err != nil {
@@ -304,6 +324,18 @@ func (c *Collector) getLogs(ctx echo.Context) error {
 	}
 	if h := c.cfg.hooks; h != nil && h.queryBytes > 0 {
 		q.maxBytes = h.queryBytes
+	}
+	select {
+	case c.querySlots <- struct{}{}:
+	default:
+		c.met.queriesRefused.Inc()
+		ctx.Response().Header().Set("Retry-After", "1")
+		return ctx.JSON(http.StatusServiceUnavailable, errorBody{fmt.Sprintf(
+			"%d queries are running, the most at once (--max-active-queries); retry shortly", c.cfg.MaxActiveQueries)})
+	}
+	defer func() { <-c.querySlots }()
+	if h := c.cfg.hooks; h != nil && h.queryHeld != nil {
+		h.queryHeld()
 	}
 	res, err := c.store.query(ctx.Request().Context(), q)
 	if errors.Is(err, errUnknownWorker) {

@@ -16,6 +16,8 @@ type metrics struct {
 	// budgetDeletes counts files trimToBudget deleted.
 	budgetDeletes prometheus.Counter
 	batchWaits    prometheus.Counter
+	// queriesRefused counts GET /logs answered 503 for MaxActiveQueries.
+	queriesRefused prometheus.Counter
 }
 
 func newMetrics(c *Collector) *metrics {
@@ -33,11 +35,13 @@ func newMetrics(c *Collector) *metrics {
 			"Log files deleted to keep all workers' files within --max-total-bytes: rotated-out files, and gone workers' current files."),
 		batchWaits: counter("batch_slot_waits_total",
 			"Batches that waited for one of the --max-active-batches slots; often rising means the collector is the bottleneck."),
+		queriesRefused: counter("queries_refused_total",
+			"GET /logs queries answered 503 because --max-active-queries were running."),
 	}
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.batches, m.records, m.duplicates, m.writeErrs, m.budgetDeletes, m.batchWaits,
+		m.batches, m.records, m.duplicates, m.writeErrs, m.budgetDeletes, m.batchWaits, m.queriesRefused,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "smartroute_collector_connected_streams",
 			Help: "Agent log streams connected now."}, func() float64 {
 			c.mu.Lock()

@@ -97,6 +97,7 @@ func TestCollectorMetricsAfterKnownBatches(t *testing.T) {
 	for _, name := range []string{"smartroute_collector_batches_total", "smartroute_collector_records_total",
 		"smartroute_collector_duplicate_batches_total", "smartroute_collector_write_errors_total",
 		"smartroute_collector_budget_deleted_files_total", "smartroute_collector_batch_slot_waits_total",
+		"smartroute_collector_queries_refused_total",
 		"smartroute_collector_connected_streams", "go_goroutines"} {
 		if families[name] == nil {
 			t.Errorf("/metrics lacks %s", name)

@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"runtime/debug"
 	"strings"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // One GET /logs holds at most its byte budget of records: not a heap of that size per
@@ -30,6 +33,67 @@ func TestLogsQueryHeapStaysWithinBudget(t *testing.T) {
 	if limit := uint64(budget) * 3 / 2; peak > limit {
 		t.Fatalf("the heap rose by %.1f MiB for a query of a %d MiB budget, more than %d MiB",
 			float64(peak)/(1<<20), budget>>20, limit>>20)
+	}
+}
+
+// Beyond MaxActiveQueries a query is refused at once with 503, Retry-After and a JSON
+// error, rather than run beside the others: each may hold MaxQueryBytes.
+func TestLogsQueriesBeyondMaxActiveQueriesAreRefused(t *testing.T) {
+	t.Parallel()
+	held, release := make(chan struct{}, 8), make(chan struct{})
+	r := startCollector(t, Config{MaxActiveQueries: 2, hooks: &testHooks{queryHeld: func() {
+		held <- struct{}{}
+		<-release
+	}}})
+	a, _ := connect(t, r.ingestURL(), "w1", "s1")
+	a.batch(1, 0, `{"level":"info","msg":"one"}`)
+
+	type answer struct {
+		code  int
+		retry string
+		body  []byte
+		err   error
+	}
+	get := func(out chan<- answer) {
+		resp, err := http.Get("http://" + r.addr + "/logs")
+		if err != nil {
+			out <- answer{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		out <- answer{resp.StatusCode, resp.Header.Get("Retry-After"), body, err}
+	}
+	running := make(chan answer, 2)
+	go get(running)
+	go get(running)
+	<-held
+	<-held
+	third := make(chan answer, 1)
+	go get(third)
+	select {
+	case <-held:
+		close(release)
+		t.Fatal("a third query ran beside two with MaxActiveQueries 2")
+	case ans := <-third:
+		var body errorBody
+		if ans.err != nil || ans.code != http.StatusServiceUnavailable || ans.retry == "" ||
+			json.Unmarshal(ans.body, &body) != nil || !strings.Contains(body.Error, "--max-active-queries") {
+			t.Errorf("third query: %d, Retry-After %q, %s (%v); want 503, Retry-After, a JSON error naming --max-active-queries",
+				ans.code, ans.retry, ans.body, ans.err)
+		}
+	}
+	close(release)
+	for range 2 {
+		if ans := <-running; ans.err != nil || ans.code != http.StatusOK {
+			t.Errorf("a query that held a slot: %d %s (%v)", ans.code, ans.body, ans.err)
+		}
+	}
+	if n := testutil.ToFloat64(r.c.met.queriesRefused); n != 1 {
+		t.Errorf("queries_refused_total = %v, want 1", n)
+	}
+	if code, body := r.get("/logs"); code != http.StatusOK { // the slots came back
+		t.Errorf("a query after the others: %d %s", code, body)
 	}
 }
 

@@ -76,8 +76,9 @@ func queryPeak(tb testing.TB, r *running, path string, queries int) (peak uint64
 }
 
 // BenchmarkMaximalQuery measures the heap GET /logs takes at its largest, one query
-// and two at once: every worker holds more than MaxQueryBytes of matching records
-// under limit=10000, so the byte bound, not the limit, decides what is kept.
+// and DefaultMaxActiveQueries at once: every worker holds more than MaxQueryBytes of
+// matching records under limit=10000, so the byte bound, not the limit, decides what
+// is kept.
 //
 //	go test -run '^$' -bench MaximalQuery -benchtime 3x -count 3 ./log-collector
 func BenchmarkMaximalQuery(b *testing.B) {
@@ -89,7 +90,7 @@ func BenchmarkMaximalQuery(b *testing.B) {
 	dir := b.TempDir()
 	fillWorkers(b, dir, workers, records, recordBytes)
 	r := startCollector(b, Config{Dir: dir})
-	for _, queries := range []int{1, 2} {
+	for _, queries := range []int{1, DefaultMaxActiveQueries} {
 		b.Run(fmt.Sprintf("queries=%d", queries), func(b *testing.B) {
 			b.ReportAllocs()
 			var peak uint64
