@@ -28,18 +28,19 @@ import (
 
 // Defaults filled in by WithDefaults.
 const (
-	DefaultAddr             = "127.0.0.1:8090"
-	DefaultDir              = "./logs"
-	DefaultMaxFileBytes     = 64 << 20
-	DefaultMaxFiles         = 10
-	DefaultMaxFrameBytes    = 16 << 20
-	DefaultMaxActiveBatches = 16
-	DefaultMaxActiveQueries = 2
-	DefaultHelloTimeout     = 10 * time.Second
-	DefaultWriteTimeout     = 10 * time.Second
-	DefaultReadTimeout      = 60 * time.Second
-	DefaultPingInterval     = 20 * time.Second
-	DefaultShutdownTimeout  = 10 * time.Second
+	DefaultAddr              = "127.0.0.1:8090"
+	DefaultDir               = "./logs"
+	DefaultMaxFileBytes      = 64 << 20
+	DefaultMaxFiles          = 10
+	DefaultMaxFrameBytes     = 16 << 20
+	DefaultMaxActiveBatches  = 16
+	DefaultMaxActiveQueries  = 2
+	DefaultQueryWriteTimeout = time.Minute
+	DefaultHelloTimeout      = 10 * time.Second
+	DefaultWriteTimeout      = 10 * time.Second
+	DefaultReadTimeout       = 60 * time.Second
+	DefaultPingInterval      = 20 * time.Second
+	DefaultShutdownTimeout   = 10 * time.Second
 )
 
 // Config configures New. Each field's comment says what its zero value means.
@@ -70,6 +71,10 @@ type Config struct {
 	// MaxQueryBytes (64 MiB) of records from its scan until its answer is written; a
 	// query beyond the bound is answered 503 with Retry-After. Zero means 2.
 	MaxActiveQueries int
+	// QueryWriteTimeout bounds the writing of a GET /logs answer, from the end of its
+	// scan: a client that stops reading is cut off then, and its query's records
+	// freed. Zero means 1m.
+	QueryWriteTimeout time.Duration
 	// HelloTimeout bounds the wait for an agent's hello. Zero means 10s.
 	HelloTimeout time.Duration
 	// WriteTimeout is the deadline of every frame written to an agent. Zero means 10s.
@@ -115,6 +120,9 @@ type testHooks struct {
 	// queryHeld, when set, runs in each GET /logs that has taken a query slot, before
 	// its scan.
 	queryHeld func()
+	// queryWritten, when set, receives the outcome of writing each GET /logs answer
+	// (nil once written whole), after its write deadline is lifted.
+	queryWritten chan<- error
 }
 
 // WithDefaults returns a copy of c with zero values replaced by their defaults.
@@ -146,7 +154,7 @@ func (c Config) WithDefaults() Config {
 	}{
 		{&c.HelloTimeout, DefaultHelloTimeout}, {&c.WriteTimeout, DefaultWriteTimeout},
 		{&c.ReadTimeout, DefaultReadTimeout}, {&c.PingInterval, DefaultPingInterval},
-		{&c.ShutdownTimeout, DefaultShutdownTimeout},
+		{&c.ShutdownTimeout, DefaultShutdownTimeout}, {&c.QueryWriteTimeout, DefaultQueryWriteTimeout},
 	} {
 		if *d.v == 0 {
 			*d.v = d.def
@@ -182,6 +190,7 @@ func (c Config) validate() error {
 	}{
 		{"HelloTimeout", c.HelloTimeout}, {"WriteTimeout", c.WriteTimeout}, {"ReadTimeout", c.ReadTimeout},
 		{"PingInterval", c.PingInterval}, {"ShutdownTimeout", c.ShutdownTimeout},
+		{"QueryWriteTimeout (--query-write-timeout)", c.QueryWriteTimeout},
 	} {
 		if f.d < 0 {
 			errs = append(errs, fmt.Errorf("%s must not be negative, got %s", f.name, f.d))
@@ -315,8 +324,9 @@ func (c *Collector) routes() *echo.Echo {
 }
 
 // getLogs answers GET /logs?worker=&level=&event=&since=&until=&limit=. What it holds
-// is bounded two ways: the records of one query by MaxQueryBytes (the answer is
-// streamed, not built), and the queries at once by MaxActiveQueries.
+// is bounded three ways: the records of one query by MaxQueryBytes (the answer is
+// streamed, not built), the queries at once by MaxActiveQueries, and how long a
+// client may take to read an answer by QueryWriteTimeout.
 func (c *Collector) getLogs(ctx echo.Context) error {
 	q, err := parseLogQuery(ctx.Request().URL.RawQuery, time.Now())
 	if err != nil {
@@ -350,12 +360,30 @@ func (c *Collector) getLogs(ctx echo.Context) error {
 	for _, err := range res.unreadable {
 		c.log.Warn().Err(err).Msg("left a worker's unreadable logs out of a query over every worker")
 	}
-	ctx.Response().Header().Set(echo.HeaderContentType, echo.MIMEApplicationJSON)
-	ctx.Response().WriteHeader(http.StatusOK)
-	if err := writeLogs(ctx.Response(), res); err != nil {
+	err = c.writeLogsBy(ctx, res, time.Now().Add(c.cfg.QueryWriteTimeout))
+	if h := c.cfg.hooks; h != nil && h.queryWritten != nil {
+		h.queryWritten <- err
+	}
+	if err != nil {
 		c.log.Debug().Err(err).Int("records", len(res.records)).Msg("a query's answer was not written whole")
 	}
 	return nil // the status is sent; the connection is closed on a write error
+}
+
+// writeLogsBy writes res as GET /logs's answer, which must be written by deadline.
+// The handler's deadline, not the server's WriteTimeout: that one would be set on
+// /ingest's connections too, which are hijacked and keep it unless gorilla's Upgrade
+// clears it (v1.5.3 does). It is lifted afterwards: with no WriteTimeout, net/http does
+// not reset it for the next request on a kept-alive connection.
+func (c *Collector) writeLogsBy(ctx echo.Context, res queryResult, deadline time.Time) error {
+	rc := http.NewResponseController(ctx.Response())
+	if err := rc.SetWriteDeadline(deadline); err != nil {
+		return fmt.Errorf("set the write deadline: %w", err)
+	}
+	defer func() { _ = rc.SetWriteDeadline(time.Time{}) }()
+	ctx.Response().Header().Set(echo.HeaderContentType, echo.MIMEApplicationJSON)
+	ctx.Response().WriteHeader(http.StatusOK)
+	return writeLogs(ctx.Response(), res)
 }
 
 // Run serves on cfg.Addr until ctx ends, then shuts down: the listener closes, every

@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"runtime/debug"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -94,6 +96,37 @@ func TestLogsQueriesBeyondMaxActiveQueriesAreRefused(t *testing.T) {
 	}
 	if code, body := r.get("/logs"); code != http.StatusOK { // the slots came back
 		t.Errorf("a query after the others: %d %s", code, body)
+	}
+}
+
+// A client that stops reading is cut off once QueryWriteTimeout has passed, and the
+// query's slot and records are freed; without a deadline it pinned them for as long as
+// it kept the connection open.
+func TestLogsAnswerToAClientThatStopsReadingIsCutOff(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	fillWorkers(t, dir, 1, 3000, 16<<10) // an answer of 48 MiB: more than the sockets buffer
+	written := make(chan error, 4)
+	r := startCollector(t, Config{Dir: dir, MaxActiveQueries: 1, QueryWriteTimeout: 200 * time.Millisecond,
+		hooks: &testHooks{queryWritten: written}})
+	conn, err := net.Dial("tcp", r.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := fmt.Fprintf(conn, "GET /logs?limit=%d HTTP/1.1\r\nHost: collector\r\n\r\n", MaxQueryLimit); err != nil {
+		t.Fatal(err)
+	}
+	select { // and never read
+	case err := <-written:
+		if err == nil {
+			t.Fatal("a 48 MiB answer was written whole to a client that read none of it")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the answer to a client that stopped reading was still being written after 30s (QueryWriteTimeout 200ms)")
+	}
+	if code, body := r.get("/logs?limit=1"); code != http.StatusOK {
+		t.Errorf("a query after the cut-off one: %d %s, want 200 (its slot freed)", code, body)
 	}
 }
 

@@ -5,17 +5,18 @@
 // Flags (each also read from the environment variable in brackets; a flag given on the
 // command line wins over the variable, which wins over the default):
 //
-//	--addr                [ADDR]                127.0.0.1:8090: listen address
-//	--dir                 [DIR]                 ./logs: a directory per worker
-//	--max-file-bytes      [MAX_FILE_BYTES]      67108864 (64 MiB): rotate a worker's file before it would pass this
-//	--max-files           [MAX_FILES]           10: files kept per worker, the current one included
-//	--max-active-queries  [MAX_ACTIVE_QUERIES]  2: GET /logs queries at once, each holding up to 64 MiB of records; more get 503
-//	--shutdown-timeout    [SHUTDOWN_TIMEOUT]    10s: how long SIGTERM waits for batches being written
-//	--log-level           [LOG_LEVEL]           info: the collector's own log (JSON on stdout)
-//	--ingest-token        [INGEST_TOKEN]        none: comma-separated bearer tokens accepted on /ingest (the agents' worker tokens)
-//	--tls-cert            [TLS_CERT]            none: PEM certificate; with --tls-key, serve HTTPS and wss://
-//	--tls-key             [TLS_KEY]             none: PEM private key of --tls-cert
-//	--pprof-addr          [PPROF_ADDR]          none: serve net/http/pprof on this address (keep it private)
+//	--addr                 [ADDR]                 127.0.0.1:8090: listen address
+//	--dir                  [DIR]                  ./logs: a directory per worker
+//	--max-file-bytes       [MAX_FILE_BYTES]       67108864 (64 MiB): rotate a worker's file before it would pass this
+//	--max-files            [MAX_FILES]            10: files kept per worker, the current one included
+//	--max-active-queries   [MAX_ACTIVE_QUERIES]   2: GET /logs queries at once, each holding up to 64 MiB of records; more get 503
+//	--query-write-timeout  [QUERY_WRITE_TIMEOUT]  1m: time a client has to read a GET /logs answer before it is cut off
+//	--shutdown-timeout     [SHUTDOWN_TIMEOUT]     10s: how long SIGTERM waits for batches being written
+//	--log-level            [LOG_LEVEL]            info: the collector's own log (JSON on stdout)
+//	--ingest-token         [INGEST_TOKEN]         none: comma-separated bearer tokens accepted on /ingest (the agents' worker tokens)
+//	--tls-cert             [TLS_CERT]             none: PEM certificate; with --tls-key, serve HTTPS and wss://
+//	--tls-key              [TLS_KEY]              none: PEM private key of --tls-cert
+//	--pprof-addr           [PPROF_ADDR]           none: serve net/http/pprof on this address (keep it private)
 //
 // GET /metrics on --addr serves Prometheus metrics (README, "Metrics").
 //
@@ -78,6 +79,7 @@ func run(args []string) error {
 	fs.Int64Var(&cfg.MaxTotalBytes, "max-total-bytes", 0, "bound on all workers' files together: past it the oldest files go first, whichever worker's; a current file only with its worker gone an hour (0: none)")
 	fs.IntVar(&cfg.MaxActiveBatches, "max-active-batches", logcollector.DefaultMaxActiveBatches, "batches read and written at once across all streams, each holding about twice its size in memory; more wait their turn")
 	fs.IntVar(&cfg.MaxActiveQueries, "max-active-queries", logcollector.DefaultMaxActiveQueries, "GET /logs queries run at once, each holding up to 64 MiB of records until its answer is written; more get 503 with Retry-After")
+	fs.DurationVar(&cfg.QueryWriteTimeout, "query-write-timeout", logcollector.DefaultQueryWriteTimeout, "time a client has to read a GET /logs answer, from the end of its scan, before it is cut off")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", logcollector.DefaultShutdownTimeout, "how long shutdown waits for batches being written")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM certificate: serve HTTPS and wss:// (with --tls-key)")
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
@@ -102,6 +104,9 @@ func run(args []string) error {
 	if cfg.MaxFiles < 1 || cfg.MaxFileBytes < 1 || cfg.MaxActiveBatches < 1 || cfg.MaxActiveQueries < 1 {
 		return usageError{fmt.Errorf("--max-files (%d), --max-file-bytes (%d), --max-active-batches (%d) and --max-active-queries (%d) must be at least 1",
 			cfg.MaxFiles, cfg.MaxFileBytes, cfg.MaxActiveBatches, cfg.MaxActiveQueries)}
+	}
+	if cfg.QueryWriteTimeout <= 0 {
+		return usageError{fmt.Errorf("--query-write-timeout (QUERY_WRITE_TIMEOUT) must be more than 0; leave it out for the default, %s", logcollector.DefaultQueryWriteTimeout)}
 	}
 	if cfg.ShutdownTimeout == 0 {
 		return usageError{fmt.Errorf("--shutdown-timeout (SHUTDOWN_TIMEOUT) must be more than 0; leave it out for the default, %s", logcollector.DefaultShutdownTimeout)}

@@ -22,6 +22,7 @@ func TestBadConfigurationExitsTwo(t *testing.T) {
 		{[]string{"--max-files", "0"}, 2},
 		{[]string{"--max-active-batches", "0"}, 2}, // Config would read 0 as the default, 16
 		{[]string{"--max-active-queries", "0"}, 2},
+		{[]string{"--query-write-timeout", "0s"}, 2},
 		// A token list that holds no token turned authentication off.
 		{[]string{"--ingest-token", " , "}, 2},
 		{[]string{"--ingest-token", " "}, 2},
