@@ -17,6 +17,7 @@
 //	--tls-cert             [TLS_CERT]             none: PEM certificate; with --tls-key, serve HTTPS and wss://
 //	--tls-key              [TLS_KEY]              none: PEM private key of --tls-cert
 //	--pprof-addr           [PPROF_ADDR]           none: serve net/http/pprof on this address (keep it private)
+//	--memory-limit-ratio   [MEMORY_LIMIT_RATIO]   0.9: share of the container's memory limit set as the Go runtime's soft limit (0: none; GOMEMLIMIT wins)
 //
 // GET /metrics on --addr serves Prometheus metrics (README, "Metrics").
 //
@@ -30,6 +31,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	_ "net/http/pprof"
@@ -39,6 +41,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/KimMachineGun/automemlimit/memlimit"
 	"github.com/rs/zerolog"
 
 	logcollector "github.com/smartroute/smartroute/log-collector"
@@ -86,6 +89,7 @@ func run(args []string) error {
 	ingestTokens := fs.String("ingest-token", "", "comma-separated bearer tokens accepted on /ingest (prefer the env var: flags show in ps)")
 	logLevel := fs.String("log-level", "info", "log level of the collector's own log: debug, info, warn, error")
 	pprofAddr := fs.String("pprof-addr", "", "serve net/http/pprof on this address (off when empty; keep it private)")
+	memRatio := fs.Float64("memory-limit-ratio", 0.9, "share of the container's memory limit (cgroup) set as the Go runtime's soft limit (0: none); GOMEMLIMIT in the environment wins")
 	fs.VisitAll(func(f *flag.Flag) { f.Usage += " (env " + envName(f.Name) + ")" })
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -124,6 +128,9 @@ func run(args []string) error {
 	if given && len(cfg.IngestTokens) == 0 {
 		return usageError{fmt.Errorf("--ingest-token (INGEST_TOKEN) %q holds no token; leave it unset to take streams without credentials", *ingestTokens)}
 	}
+	if math.IsNaN(*memRatio) || *memRatio < 0 || *memRatio > 1 {
+		return usageError{fmt.Errorf("--memory-limit-ratio (MEMORY_LIMIT_RATIO) %v: want a share of the container's memory limit in (0, 1], or 0 for none", *memRatio)}
+	}
 	level, err := zerolog.ParseLevel(*logLevel)
 	if err == nil && level == zerolog.NoLevel { // "": every record filtered out, silently
 		err = errors.New("empty; want trace, debug, info, warn, error, fatal, panic or disabled")
@@ -133,6 +140,7 @@ func run(args []string) error {
 	}
 	zerolog.TimeFieldFormat = time.RFC3339Nano
 	cfg.Logger = zerolog.New(os.Stdout).Level(level).With().Timestamp().Logger()
+	setMemoryLimit(*memRatio, cfg.Logger)
 	c, err := logcollector.New(cfg)
 	if err != nil {
 		return err
@@ -150,6 +158,28 @@ func run(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	return c.Run(ctx, nil)
+}
+
+// setMemoryLimit sets the runtime's soft memory limit to ratio of the container's
+// (cgroup v1 or v2): two maximal GET /logs queries and a herd of backlogs come near a
+// 256Mi container's limit (README, "Log collector"), and near the soft limit the
+// garbage collector runs as often as it must instead of the kernel's OOM killer ending
+// the process. No container limit, or a ratio of 0, leaves it unset; a limit that
+// cannot be read is logged, and the collector runs on without one.
+func setMemoryLimit(ratio float64, log zerolog.Logger) {
+	if ratio == 0 {
+		return
+	}
+	limit, err := memlimit.Set(memlimit.WithRatio(ratio), memlimit.WithProvider(memlimit.FromCgroup))
+	switch {
+	case err == nil:
+		if limit != math.MaxInt64 {
+			log.Info().Int64("memory_limit_bytes", limit).Float64("ratio", ratio).Msg("soft memory limit set")
+		}
+	case errors.Is(err, memlimit.ErrNoCgroup), errors.Is(err, memlimit.ErrCgroupsNotSupported):
+	default:
+		log.Warn().Err(err).Msg("the container's memory limit could not be read; running without a soft memory limit")
+	}
 }
 
 func envName(flagName string) string {

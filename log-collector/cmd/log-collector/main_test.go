@@ -23,6 +23,9 @@ func TestBadConfigurationExitsTwo(t *testing.T) {
 		{[]string{"--max-active-batches", "0"}, 2}, // Config would read 0 as the default, 16
 		{[]string{"--max-active-queries", "0"}, 2},
 		{[]string{"--query-write-timeout", "0s"}, 2},
+		{[]string{"--memory-limit-ratio", "1.5"}, 2},
+		{[]string{"--memory-limit-ratio", "NaN"}, 2},
+		{[]string{"--memory-limit-ratio", "-0.1"}, 2},
 		// A token list that holds no token turned authentication off.
 		{[]string{"--ingest-token", " , "}, 2},
 		{[]string{"--ingest-token", " "}, 2},
