@@ -4,6 +4,7 @@ go 1.26.8
 
 require (
 	github.com/bufbuild/protocompile v0.14.1
+	github.com/gorilla/websocket v1.5.3
 	github.com/planetscale/vtprotobuf v0.6.0
 	google.golang.org/protobuf v1.36.12
 )
