@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/smartroute/smartroute/benchmark/sim"
 )
 
 func TestDefaultConfigValid(t *testing.T) {
@@ -211,5 +213,28 @@ func TestFreshDirEmptiesAReusedDirectory(t *testing.T) {
 	}
 	if err := freshDir(filepath.Join(dir, "new")); err != nil { // one not there yet
 		t.Fatal(err)
+	}
+}
+
+// The live presets run the simulator's built-in seed scenarios: the same fleet, labels,
+// pauses, load and run times (solved from the seed's figures; see Scenarios).
+func TestSeedPresetsMatchTheSimulator(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"seed-4", "seed-5"} {
+		c := DefaultConfig()
+		if err := ApplyScenario(&c, name); err != nil {
+			t.Fatal(err)
+		}
+		sc, ok := sim.Builtin(name)
+		if !ok {
+			t.Fatalf("no simulator built-in %s", name)
+		}
+		if c.SimLoadTime != sc.Load.Mean.D() || c.SimRunTime != sc.Run.Mean.D() ||
+			c.SimLoadJitter != sc.Load.Stddev.D() || c.SimRunJitter != sc.Run.Stddev.D() ||
+			c.Labels != sc.Labels.Count || c.NumWorkers != sc.Workers.Count || c.MaxLabels != sc.Workers.MaxLabels ||
+			c.Requests != sc.Tasks || c.Producers != sc.Arrival.Producers ||
+			c.WaitAvg != sc.Arrival.WaitAvg.D() || c.WaitStddev != sc.Arrival.WaitStddev.D() {
+			t.Errorf("%s: live preset %+v differs from the simulator's %+v", name, c, sc)
+		}
 	}
 }

@@ -167,12 +167,14 @@ func TestParseRunScenario(t *testing.T) {
 		t.Fatal(err)
 	}
 	if cfg.Requests != 2400 || cfg.Labels != 4 || cfg.WaitAvg != 750*time.Millisecond || cfg.WaitStddev != time.Second ||
-		cfg.TimeScale != 0.05 || cfg.NumWorkers != 2 || cfg.MaxLabels != 2 || !cfg.Compare {
+		cfg.TimeScale != 0.05 || cfg.NumWorkers != 2 || cfg.MaxLabels != 2 || !cfg.Compare ||
+		cfg.SimLoadTime != 400*time.Millisecond || cfg.SimRunTime != 40*time.Millisecond {
 		t.Errorf("seed-4: %+v", cfg)
 	}
 	// Environment and flags given with a scenario override it.
 	cfg, err = parseRun([]string{"--scenario=seed-5", "--requests", "100"}, env(map[string]string{"NUM_WORKERS": "3"}), &bytes.Buffer{})
-	if err != nil || cfg.Labels != 5 || cfg.WaitAvg != 2500*time.Millisecond || cfg.Requests != 100 || cfg.NumWorkers != 3 {
+	if err != nil || cfg.Labels != 5 || cfg.WaitAvg != 2500*time.Millisecond || cfg.Requests != 100 || cfg.NumWorkers != 3 ||
+		cfg.SimLoadTime != 400*time.Millisecond || cfg.SimRunTime != 87500*time.Microsecond {
 		t.Errorf("seed-5 with overrides: %+v %v", cfg, err)
 	}
 	// Given twice (task compare passes seed-4, then the user's), the last wins, as for
