@@ -39,12 +39,16 @@ type Options struct {
 	PassOverLoads float64
 }
 
-// NewRouter builds a policy on a clock.
+// NewRouter builds a policy on a clock. Ours starts from the dispatcher's estimates:
+// its defaults, or the priors the scenario sets as an operator would with the
+// dispatcher's flags. It is not told the scenario's distributions, which neither the
+// dispatcher nor the peer designs know.
 func NewRouter(policy string, clock scheduler.Clock, seed uint64, sc Scenario, opt Options) (Router, error) {
 	switch policy {
 	case "ours":
 		return scheduler.New(scheduler.Config{Policy: scheduler.PolicyAffinity, Seed: seed,
-			LoadTimePrior: sc.Load.mean(), RunTimePrior: sc.Run.mean(), MaxPassOver: opt.MaxPassOver, PassOverLoads: opt.PassOverLoads}, clock)
+			LoadTimePrior: sc.Scheduler.LoadTimePrior.D(), RunTimePrior: sc.Scheduler.RunTimePrior.D(),
+			MaxPassOver: opt.MaxPassOver, PassOverLoads: opt.PassOverLoads}, clock)
 	case "random":
 		return scheduler.New(scheduler.Config{Policy: scheduler.PolicyRandom, Seed: seed}, clock)
 	case "seed-greedy":

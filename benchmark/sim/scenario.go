@@ -26,6 +26,19 @@ type Scenario struct {
 	Arrival Arrival  `json:"arrival"`
 	Tasks   int      `json:"tasks"`
 	Notes   []string `json:"notes,omitempty"`
+	// Scheduler configures ours as an operator configures the dispatcher. Zero
+	// means the dispatcher's defaults.
+	Scheduler SchedulerSettings `json:"scheduler,omitzero"`
+}
+
+// SchedulerSettings are the dispatcher's flags of the same names (--load-time-prior,
+// --run-time-prior) for the policy "ours". Each zero field means the dispatcher's
+// default (400ms and 50ms): like the dispatcher, ours then learns each label's times
+// from what it observes, and is not told the scenario's distributions. The other
+// policies take no such settings.
+type SchedulerSettings struct {
+	LoadTimePrior Duration `json:"load_time_prior,omitempty"`
+	RunTimePrior  Duration `json:"run_time_prior,omitempty"`
 }
 
 // Workers is the fleet: count workers, each holding max_labels labels and running
@@ -157,6 +170,11 @@ func (sc Scenario) Validate() error {
 	for l, d := range sc.Labels.Run {
 		if err := d.validate(); err != nil {
 			bad("labels.run[%s]: %v", l, err)
+		}
+	}
+	for name, v := range map[string]Duration{"load_time_prior": sc.Scheduler.LoadTimePrior, "run_time_prior": sc.Scheduler.RunTimePrior} {
+		if v < 0 || v.D() > maxDistDuration {
+			bad("scheduler.%s must be from 0 (the dispatcher's default) to %v, got %v", name, maxDistDuration, v.D())
 		}
 	}
 	if sc.Tasks < 1 && sc.Arrival.Kind != "trace" {

@@ -68,11 +68,14 @@ func run(args []string) error {
 	uploaderURL := fs.String("uploader-url", "", "uploader service that POST /upload-model is forwarded to")
 	maxQueued := fs.Int("max-queued", 100_000, "tasks waiting for a worker before /run-task answers 429")
 	maxAttempts := fs.Int("max-attempts", 3, "starts of a task before it fails because its workers were lost")
-	loadPrior := fs.Duration("load-time-prior", 400*time.Millisecond, "expected label load time before any is observed")
-	runPrior := fs.Duration("run-time-prior", 50*time.Millisecond, "expected task run time before any is observed")
-	passOver := fs.Duration("max-pass-over", 2*time.Second, "floor of how long a task may be passed over for other labels' backlogs")
+	// The scheduler's own defaults, so that the dispatcher and the simulator (which
+	// leaves these zero unless a scenario sets them) start from the same estimates.
+	schedDefaults := scheduler.Config{}.WithDefaults()
+	loadPrior := fs.Duration("load-time-prior", schedDefaults.LoadTimePrior, "expected label load time before any is observed")
+	runPrior := fs.Duration("run-time-prior", schedDefaults.RunTimePrior, "expected task run time before any is observed")
+	passOver := fs.Duration("max-pass-over", schedDefaults.MaxPassOver, "floor of how long a task may be passed over for other labels' backlogs")
 	metricsMaxLabels := fs.Int("metrics-max-labels", 500, "labels with series of their own in /metrics; the rest count as label=\"other\"")
-	passOverLoads := fs.Float64("pass-over-loads", 100, "how long a task may be passed over, in load times of its label")
+	passOverLoads := fs.Float64("pass-over-loads", schedDefaults.PassOverLoads, "how long a task may be passed over, in load times of its label")
 	maxBody := fs.Int64("max-body-bytes", 1<<20, "largest /run-task body; larger gets 413")
 	maxParams := fs.Int("max-params-bytes", 1<<20, "largest decoded parameters_json; larger gets 413")
 	maxQueuedPerLabel := fs.Int("max-queued-per-label", 0, "tasks waiting for one label before /run-task answers 429 (0: --max-queued)")
