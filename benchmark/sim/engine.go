@@ -78,6 +78,9 @@ type event struct {
 	producer int
 	worker   string
 	load     bool
+	// labelWait is how long the finishing task waited for its label on the worker:
+	// its own load, or the rest of a load another task started there.
+	labelWait time.Duration
 }
 
 type eventQueue []event
@@ -341,22 +344,23 @@ func (e *engine) apply(out *scheduler.Outcome) {
 	for _, a := range out.Assigned {
 		t := a.Task.Ref.(*simTask)
 		e.waiting--
-		dur := t.run
+		var wait time.Duration
 		key := copyKey{a.WorkerID, a.Task.Label}
 		if a.Load {
-			dur += t.load
+			wait = t.load
 			e.res.Misses++
 			e.loadEnds[key] = e.clock.now + t.load
 		} else if end := e.loadEnds[key]; end > e.clock.now {
-			dur += end - e.clock.now
+			wait = end - e.clock.now
 		}
+		dur := wait + t.run
 		if a.EvictLabel != "" {
 			e.res.Evictions++
 		}
 		e.res.queueWait += e.clock.now - t.arrived
 		e.busy += dur
 		e.running++
-		e.push(event{at: e.clock.now + dur, kind: evFinish, task: t, worker: a.WorkerID, load: a.Load})
+		e.push(event{at: e.clock.now + dur, kind: evFinish, task: t, worker: a.WorkerID, load: a.Load, labelWait: wait})
 	}
 	for range out.Failed {
 		e.waiting--
@@ -379,10 +383,9 @@ func (e *engine) finish(ev event) {
 	e.wake()
 	lat := e.clock.now - t.arrived
 	e.latencies = append(e.latencies, lat.Seconds())
-	e.res.taskRuntime += t.run
-	if ev.load {
-		e.res.taskRuntime += t.load
-	}
+	// As the agent reports it (its total_ms): from receiving the task to its result,
+	// so a wait for a load another task started on the worker counts too.
+	e.res.taskRuntime += ev.labelWait + t.run
 	e.apply(out)
 	if p := t.producer; p >= 0 {
 		e.res.sent[p]++

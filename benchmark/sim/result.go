@@ -18,7 +18,9 @@ type Result struct {
 	Misses     int `json:"label_misses"`
 	Compulsory int `json:"compulsory_misses"`
 	Evictions  int `json:"evictions"`
-	// AvgTaskRuntime is load plus run time per task on the worker (the seed's metric).
+	// AvgTaskRuntime is the time per task on the worker (the seed's metric, as the
+	// agent reports it): the run, plus the wait for the label, whether the task
+	// loaded it or waited for a load another task had started there.
 	AvgTaskRuntime float64 `json:"avg_task_runtime_s"`
 	MeanLatency    float64 `json:"mean_latency_s"`
 	P50Latency     float64 `json:"p50_latency_s"`
