@@ -359,7 +359,11 @@ func (f *ruleRun) overruns(call string, before ruleSnapshot, out *Outcome) {
 		f.finishStep(fmt.Sprintf("ExpireRunning(%v)", grace), before, s.ExpireRunning(grace), false)
 	}
 	if f.over.IntN(3) == 0 {
-		for _, w := range s.workers {
+		for i := range ruleWorkers { // in id order: a map's order would make two runs of a seed differ
+			w := s.workers[fmt.Sprintf("w%d", i)]
+			if w == nil {
+				continue
+			}
 			for _, t := range w.running {
 				if t.state != stateOverran {
 					continue
