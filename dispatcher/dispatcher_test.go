@@ -325,7 +325,7 @@ func TestRunTaskRoundTrip(t *testing.T) {
 	if code, v := b.get("/tasks/t1"); code != 200 || v["status"] != "completed" {
 		t.Fatalf("GET /tasks/t1: %d %v", code, v)
 	}
-	code, v := b.post("/run-task", `{"task_id":"t1","task_type":"embed","label":"m"}`)
+	code, v := b.post("/run-task", `{"task_id":"t1","task_type":"embed","label":"m","parameters_json":"{\"x\":1}"}`)
 	if code != 200 || v["status"] != "completed" {
 		t.Fatalf("resubmission: %d %v", code, v)
 	}

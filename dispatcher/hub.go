@@ -84,10 +84,28 @@ func (e *submitError) Error() string { return e.msg }
 
 var errShuttingDown = &submitError{http.StatusServiceUnavailable, "dispatcher is shutting down"}
 
+// idConflict refuses a task under an id that is in flight or answered for a task
+// with another label, type or parameters: handing it that task's answer would tell
+// its producer that work it did not ask for is its own.
+func idConflict(id string) error {
+	return &submitError{http.StatusConflict, "task id " + id +
+		" was used for a different task (label/type/parameters differ) within the last --task-retention; use a new id"}
+}
+
+// resubmitted returns known, the record an id resubmitted with fingerprint fp is
+// answered with, or idConflict when known is another task.
+func resubmitted(known *taskRecord, fp uint64) (*taskRecord, error) {
+	if !sameTask(known.fingerprint, fp) {
+		return nil, idConflict(known.sched.ID)
+	}
+	return known, nil
+}
+
 // submit registers a task and routes it. A task id that is in flight or answered
-// within the retention returns that task's record instead of running it again; fresh
-// says the record is this submission's own. With a journal, an asynchronous task is on
-// disk before submit returns.
+// within the retention returns that task's record instead of running it again, or
+// idConflict when that task had another label, type or parameters; fresh says the
+// record is this submission's own. With a journal, an asynchronous task is on disk
+// before submit returns.
 func (h *hub) submit(spec taskSpec) (got *taskRecord, fresh bool, err error) {
 	now := h.clock.Now()
 	if spec.id == "" {
@@ -105,12 +123,14 @@ func (h *hub) submit(spec taskSpec) (got *taskRecord, fresh bool, err error) {
 		params:       spec.params,
 		returnResult: spec.returnResult,
 		created:      now,
+		fingerprint:  taskFingerprint(spec.label, spec.taskType, spec.params),
 		done:         make(chan struct{}),
 	}
 	rec.sched = scheduler.Task{ID: spec.id, Label: spec.label, Deadline: now.Add(timeout), Ref: rec}
 	if h.journal == nil || spec.returnResult {
 		if r := h.journaledAnswer(spec.id); r != nil {
-			return r, false, nil
+			r, err := resubmitted(r, rec.fingerprint)
+			return r, false, err
 		}
 		got, err = h.admit(rec, true)
 		return got, got == rec, err
@@ -132,7 +152,7 @@ func (h *hub) submitJournaled(spec taskSpec, rec *taskRecord, now time.Time) (go
 	// Refusals first: a task the queue bounds refuse must not cost two synced commits
 	// (accept, then forget) when the dispatcher is already overloaded. admit checks
 	// again under the lock.
-	if err := h.precheck(spec.id, spec.label); err != nil {
+	if err := h.precheck(rec); err != nil {
 		return nil, false, err
 	}
 	// Read before the write: a deletion counted after it may have taken the record
@@ -153,10 +173,17 @@ func (h *hub) submitJournaled(spec taskSpec, rec *taskRecord, now time.Time) (go
 	rec.journaled = true
 	if !created {
 		if prev.Finished != 0 {
-			if r := h.known(spec.id); r != nil {
-				return r, false, nil
+			r := h.known(spec.id)
+			if r == nil {
+				r = recordFromEntry(*prev) // answered, and dropped from memory since
 			}
-			return recordFromEntry(*prev), false, nil // answered, and dropped from memory since
+			r, err := resubmitted(r, rec.fingerprint)
+			return r, false, err
+		}
+		if !sameTask(prev.Fingerprint, rec.fingerprint) {
+			// Another task pending under the id: its run, or a concurrent submission of
+			// other content, which one of the two must not be told is its own.
+			return nil, false, idConflict(spec.id)
 		}
 		// Pending in the journal: in flight here (recovered at start, or accepted by a
 		// concurrent submission of the id), and admit returns that run, unless the
@@ -179,7 +206,7 @@ func (h *hub) submitJournaled(spec taskSpec, rec *taskRecord, now time.Time) (go
 		if h.cfg.onJournalForget != nil {
 			h.cfg.onJournalForget(spec.id)
 		}
-		h.forgetRefused(spec.id, rec.run())
+		h.forgetRefused(rec)
 		return nil, false, err
 	}
 	if got != rec { // the id was in flight or answered without a journal record
@@ -190,17 +217,20 @@ func (h *hub) submitJournaled(spec taskSpec, rec *taskRecord, now time.Time) (go
 	return got, false, nil
 }
 
-// forgetRefused deletes the journal record of a task that this submission wrote and
-// the hub then refused, unless another submission of the id got in meanwhile: that
+// forgetRefused deletes the journal record of rec, a task that this submission wrote
+// and the hub then refused, unless another submission of the id got in meanwhile: that
 // one was told 202 on the strength of this record. The check runs under the hub's lock
 // inside the delete's transaction, so no submission is admitted between it and the
-// delete; one admitted after it sees forgets move and writes the record again.
-func (h *hub) forgetRefused(id string, run int64) {
+// delete; one admitted after it sees forgets move and writes the record again. A run
+// of other content under the id (rec was refused as a conflict) relies on no record
+// of rec's: a submission that found it was refused as a conflict too.
+func (h *hub) forgetRefused(rec *taskRecord) {
+	id, run := rec.sched.ID, rec.run()
 	err := h.journal.forget(id, func() bool {
 		h.mu.Lock()
 		defer h.mu.Unlock()
-		if rec := h.knownLocked(id); rec != nil {
-			h.adoptLocked(rec, run)
+		if known := h.knownLocked(id); known != nil && sameTask(known.fingerprint, rec.fingerprint) {
+			h.adoptLocked(known, run)
 			return false
 		}
 		h.forgets.Add(1)
@@ -222,16 +252,18 @@ func (h *hub) adoptLocked(rec *taskRecord, run int64) {
 	}
 }
 
-// precheck refuses, before any disk write, a new id that admit would refuse.
-func (h *hub) precheck(id, label string) error {
+// precheck refuses, before any disk write, a submission that admit would refuse.
+func (h *hub) precheck(rec *taskRecord) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closing {
 		return errShuttingDown
 	}
-	if h.knownLocked(id) != nil {
-		return nil // a resubmission: admit returns the known record
+	if known := h.knownLocked(rec.sched.ID); known != nil {
+		_, err := resubmitted(known, rec.fingerprint) // nil: admit returns the known record
+		return err
 	}
+	label := rec.sched.Label
 	if h.sched.QueuedTasks() >= h.cfg.MaxQueued {
 		return &submitError{http.StatusTooManyRequests, fmt.Sprintf("queue full: %d tasks waiting", h.cfg.MaxQueued)}
 	}
@@ -257,7 +289,7 @@ func (h *hub) admitLocked(rec *taskRecord, limit bool) (*taskRecord, error) {
 		return nil, errShuttingDown
 	}
 	if prev := h.knownLocked(id); prev != nil {
-		return prev, nil
+		return resubmitted(prev, rec.fingerprint)
 	}
 	if limit && h.sched.QueuedTasks() >= h.cfg.MaxQueued {
 		return nil, &submitError{http.StatusTooManyRequests, fmt.Sprintf("queue full: %d tasks waiting", h.cfg.MaxQueued)}
@@ -375,7 +407,7 @@ func (h *hub) recover(l loaded) (requeued, expired int) {
 	}
 	for _, e := range charged {
 		rec := &taskRecord{taskType: e.TaskType, params: e.Params, created: time.Unix(0, e.Created),
-			done: make(chan struct{}), journaled: true}
+			fingerprint: e.Fingerprint, done: make(chan struct{}), journaled: true}
 		rec.sched = scheduler.Task{ID: e.ID, Label: e.Label, Deadline: time.Unix(0, e.Deadline), Attempt: e.Attempts, Ref: rec}
 		if !now.Before(rec.sched.Deadline) {
 			h.mu.Lock()

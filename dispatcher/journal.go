@@ -81,6 +81,10 @@ type journalEntry struct {
 	Params   []byte `json:"params,omitempty"`
 	Created  int64  `json:"created"`  // unix ns
 	Deadline int64  `json:"deadline"` // unix ns, absolute: kept across restarts
+	// Fingerprint is taskFingerprint of the task's label, type and parameters, so that
+	// a resubmission of the id with other content is refused across restarts too.
+	// Zero in records of builds before it: any content matches those.
+	Fingerprint uint64 `json:"fingerprint,omitempty"`
 
 	// Set once the task has its answer.
 	Finished   int64           `json:"finished,omitempty"` // unix ns

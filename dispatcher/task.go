@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
+
 	"github.com/smartroute/smartroute/dispatcher/scheduler"
 )
 
@@ -26,6 +28,10 @@ type taskRecord struct {
 	params       []byte
 	returnResult bool
 	created      time.Time
+	// fingerprint identifies what was asked (taskFingerprint): a resubmission of the
+	// id with other content is refused rather than handed this task's answer. Zero
+	// for a task journaled by a build that did not keep it: any content matches.
+	fingerprint uint64
 	// refusedAtAdmit: the task failed as it was routed, under the lock of its admission
 	// (no worker can load its label, the label is failing). Written by admitLocked, read
 	// by the submitting goroutine: an asynchronous producer gets such a refusal instead
@@ -53,6 +59,32 @@ type taskRecord struct {
 	journalRun int64
 	done       chan struct{}
 	metrics    *labelMetrics // the label's counters, resolved once (metrics.of)
+}
+
+// taskFingerprint is a stable 64-bit hash of a task's label, type and parameters,
+// the same across restarts (the journal keeps it). Label and type are printable
+// ASCII, so a NUL between the fields keeps them apart. Never zero: zero means "not
+// known".
+func taskFingerprint(label, taskType string, params []byte) uint64 {
+	var d xxhash.Digest
+	d.Reset()
+	_, _ = d.WriteString(label)
+	_, _ = d.Write(fieldSeparator)
+	_, _ = d.WriteString(taskType)
+	_, _ = d.Write(fieldSeparator)
+	_, _ = d.Write(params)
+	if fp := d.Sum64(); fp != 0 {
+		return fp
+	}
+	return 1
+}
+
+var fieldSeparator = []byte{0}
+
+// sameTask reports whether a task known under an id and one submitted under it ask
+// for the same thing; a record without a fingerprint matches anything.
+func sameTask(known, submitted uint64) bool {
+	return known == 0 || submitted == 0 || known == submitted
 }
 
 // finished reports whether the task has its final answer. Caller holds hub.mu or has
@@ -138,7 +170,7 @@ func (r *taskRecord) run() int64 {
 // from done, or is the record's only holder.
 func (r *taskRecord) entry() *journalEntry {
 	e := &journalEntry{ID: r.sched.ID, Label: r.sched.Label, TaskType: r.taskType, Params: r.params,
-		Created: r.run(), Deadline: r.sched.Deadline.UnixNano()}
+		Created: r.run(), Deadline: r.sched.Deadline.UnixNano(), Fingerprint: r.fingerprint}
 	if r.finished() {
 		e.Finished = r.finishedAt.UnixNano()
 		e.Status, e.HTTPStatus, e.Error, e.Result = r.status, r.httpStatus, r.errMsg, r.result
@@ -150,7 +182,7 @@ func (r *taskRecord) entry() *journalEntry {
 
 // recordFromEntry rebuilds an answered task from the journal.
 func recordFromEntry(e journalEntry) *taskRecord {
-	r := &taskRecord{taskType: e.TaskType, created: time.Unix(0, e.Created), status: e.Status,
+	r := &taskRecord{taskType: e.TaskType, fingerprint: e.Fingerprint, created: time.Unix(0, e.Created), status: e.Status,
 		workerID: e.WorkerID, labelMiss: e.LabelMiss, queueTime: time.Duration(e.QueueNS),
 		loadTime: time.Duration(e.LoadNS), runTime: time.Duration(e.RunNS), result: e.Result, errMsg: e.Error,
 		httpStatus: e.HTTPStatus, finishedAt: time.Unix(0, e.Finished), done: make(chan struct{})}

@@ -253,13 +253,19 @@ func TestFaultDispatcherCrashWithJournaledTasks(t *testing.T) {
 			twice++
 		}
 	}
-	// One final answer: resubmitting answered ids returns the stored answer and runs
-	// nothing, so the agents' records do not change.
+	// One final answer: resubmitting answered ids (the same tasks) returns the stored
+	// answer and runs nothing, so the agents' records do not change; the id reused for
+	// another task (another label) is refused with 409, journaled fingerprint and all.
 	for i := range 20 {
 		id := fmt.Sprintf("journal-%d", i*(n/20))
-		code, a, err := postTask(context.Background(), s.addr, task(id, "model-0", ""))
+		label := fmt.Sprintf("model-%d", i*(n/20)%8)
+		code, a, err := postTask(context.Background(), s.addr, task(id, label, ""))
 		if err != nil || code != 200 || a.Status != "completed" || string(a.Result) != string(answers[id].Result) {
 			t.Fatalf("resubmitted %s: %d %+v %v, first answer %+v", id, code, a, err, answers[id])
+		}
+		code, a, err = postTask(context.Background(), s.addr, task(id, label+"-other", ""))
+		if err != nil || code != 409 {
+			t.Fatalf("%s resubmitted for another label: %d %+v %v, want 409", id, code, a, err)
 		}
 	}
 	if after := completedRuns(t, agents); !maps.Equal(after, runs) {
