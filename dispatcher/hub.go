@@ -202,12 +202,18 @@ func (h *hub) submitJournaled(spec taskSpec, rec *taskRecord, now time.Time) (go
 		return got, false, err
 	}
 	got, err = h.admit(rec, true)
-	if err != nil {
+	if err != nil || (got == rec && rec.refusedAtAdmit) {
+		// Refused, by admit or as it was routed (no worker can load its label, the label
+		// is failing): no record stays to run the task again at the next start, and the
+		// id is free for the retry Retry-After invites.
 		if h.cfg.onJournalForget != nil {
 			h.cfg.onJournalForget(spec.id)
 		}
 		h.forgetRefused(rec)
-		return nil, false, err
+		if err != nil {
+			return nil, false, err
+		}
+		return got, false, nil
 	}
 	if got != rec { // the id was in flight or answered without a journal record
 		h.mu.Lock()
@@ -308,7 +314,12 @@ func (h *hub) admitLocked(rec *taskRecord, limit bool) (*taskRecord, error) {
 		delete(h.active, id)
 		return nil, err
 	}
+	// A producer's task refused as it is routed is answered, but not kept as its id's
+	// answer (see finish). Recovered tasks (limit false) were accepted with a 202: their
+	// answer is kept for GET /tasks/{id}.
+	rec.admitting = limit
 	h.apply(out)
+	rec.admitting = false
 	rec.refusedAtAdmit = rec.finished()
 	return rec, nil
 }
@@ -602,11 +613,17 @@ func (h *hub) finish(rec *taskRecord, status string, httpStatus int, errMsg stri
 	}
 	// Retained records keep the answer, not the request: parameters can be large.
 	rec.params = nil
-	if rec.journaled {
-		h.journal.complete(*rec.entry())
-	}
 	delete(h.active, rec.sched.ID)
-	h.finished.add(rec)
+	if !rec.admitting {
+		if rec.journaled {
+			h.journal.complete(*rec.entry())
+		}
+		h.finished.add(rec)
+	}
+	// else refused as its producer submitted it (the label failing, no worker can load
+	// it): the producer is told now, and a retry of the id after Retry-After runs the
+	// task rather than get this refusal back for the whole retention. The submission
+	// deletes its journal record (forgetRefused).
 	close(rec.done)
 	h.idleCheck()
 }

@@ -101,7 +101,8 @@ func TestLoadFailureRunsElsewhereThenLabelFailsFast(t *testing.T) {
 		t.Fatalf("task whose label tripped: %v", got)
 	}
 	// Retry-After is the rest of the cool-down (an hour), so a producer waits it out
-	// instead of spending its retries at once; a resubmitted id's stored answer too.
+	// instead of spending its retries at once; a resubmitted id's refusal too (a
+	// refusal is not kept: the id is refused afresh while the label is failing).
 	checkCoolDownLeft(t, "the task whose label tripped", got.header)
 	got = <-b.postAsync(`{"task_id":"lf-3","task_type":"x","label":"bad2"}`)
 	if got.status != 503 || !strings.Contains(got.body["error"].(string), "weights corrupt") {

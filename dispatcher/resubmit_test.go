@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/smartroute/smartroute/dispatcher/scheduler"
 )
 
 // taskBody is a /run-task body; params is the parameters_json value as written.
@@ -145,5 +147,53 @@ func TestReusedTaskIDWithOtherContentIsConflictAcrossRestart(t *testing.T) {
 	}
 	if code, v := second.post("/run-task", taskBody("old-1", "another", "label", `{"any":"thing"}`, false)); code != 200 || v["label"] != "m" {
 		t.Fatalf("a record without a fingerprint resubmitted with other content: %d %v, want its answer", code, v)
+	}
+}
+
+// A task refused as it is submitted because its label is failing is not kept as its
+// id's answer: the producer's retry after Retry-After, same id and all, runs the task
+// once the label works again, synchronous or asynchronous (with a journal, which keeps
+// no record of the refusal either).
+func TestRetryOfATaskRefusedAtAdmissionRuns(t *testing.T) {
+	dir := t.TempDir()
+	clock := &testClock{now: time.Now()}
+	waiting := make(chan string, 8)
+	b := setup(t, Config{DataDir: dir, Clock: clock, TaskRetention: time.Hour, onWait: func(id string) { waiting <- id },
+		Scheduler: scheduler.Config{LabelFailureThreshold: 1, LabelFailureCooldown: time.Minute}})
+	t.Cleanup(func() { b.d.Close() })
+	w := b.dial("w1")
+	// One failed load marks the label failing.
+	ans := b.postAsync(`{"task_id":"first","task_type":"x","label":"flaky"}`)
+	<-waiting
+	w.loadFailed(w.assignment(), "transient CUDA error")
+	if got := <-ans; got.status != 502 && got.status != 503 {
+		t.Fatalf("first task: %v", got)
+	}
+	for _, body := range []string{taskBody("retry-sync", "x", "flaky", "", false), taskBody("retry-async", "x", "flaky", "", true)} {
+		code, hdr, v := b.send("POST", "/run-task", body)
+		if code != 503 || hdr.Get("Retry-After") == "" {
+			t.Fatalf("%s for the failing label: %d %v %v", body, code, hdr, v)
+		}
+	}
+	if keys := journalKeys(t, b.d.hub.journal, tasksBucket); strings.Contains(strings.Join(keys, ","), "retry-") {
+		t.Fatalf("journal holds refused tasks: %q", keys)
+	}
+	if code, _ := b.get("/tasks/retry-sync"); code != 404 {
+		t.Fatalf("GET of a refused task: %d, want 404 (not kept)", code)
+	}
+
+	clock.advance(2 * time.Minute) // past Retry-After and the cool-down
+	ans = b.postAsync(taskBody("retry-sync", "x", "flaky", "", false))
+	<-waiting
+	a := w.assignment()
+	w.finish(a, true, `"ran"`)
+	if got := <-ans; got.status != 200 || a.TaskId != "retry-sync" || got.body["result"] != "ran" {
+		t.Fatalf("synchronous retry after Retry-After: %v (assignment %v), want it run", got, a)
+	}
+	if code, v := b.post("/run-task", taskBody("retry-async", "x", "flaky", "", true)); code != 202 {
+		t.Fatalf("asynchronous retry after Retry-After: %d %v", code, v)
+	}
+	if a := w.assignment(); a.TaskId != "retry-async" {
+		t.Fatalf("asynchronous retry: assignment %v", a)
 	}
 }

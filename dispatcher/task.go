@@ -32,6 +32,9 @@ type taskRecord struct {
 	// id with other content is refused rather than handed this task's answer. Zero
 	// for a task journaled by a build that did not keep it: any content matches.
 	fingerprint uint64
+	// admitting: a producer's submission being routed under admitLocked, so that a
+	// refusal there (finish) is answered but not kept as the id's answer.
+	admitting bool
 	// refusedAtAdmit: the task failed as it was routed, under the lock of its admission
 	// (no worker can load its label, the label is failing). Written by admitLocked, read
 	// by the submitting goroutine: an asynchronous producer gets such a refusal instead
