@@ -34,6 +34,17 @@ type Config struct {
 
 	// MaxBodyBytes bounds a /run-task body (413 beyond). Zero means 1 MiB.
 	MaxBodyBytes int64
+	// BodyReadTimeout bounds how long a request, its body included, may take to arrive
+	// from its first byte (Run's http.Server ReadTimeout; a program serving Handler
+	// sets its own): a body that stalls is answered 408 (/run-task, /upload-model) or
+	// its connection closed, instead of holding a handler and a buffer for ever. It
+	// does not bound a synchronous producer's wait for its answer (the body is in by
+	// then) nor worker connections, which set deadlines of their own. Zero means 30s.
+	BodyReadTimeout time.Duration
+	// IdleTimeout closes a kept-alive HTTP connection that has waited this long for its
+	// next request (Run's server). Zero means 2m: longer than Go's and most clients'
+	// own idle timeouts (90s), so a client normally closes first.
+	IdleTimeout time.Duration
 	// MaxParamsBytes bounds a task's parameters once decoded (413 beyond). Zero means
 	// 1 MiB.
 	MaxParamsBytes int
@@ -150,6 +161,8 @@ func (c Config) WithDefaults() Config {
 	}
 	def(&c.TaskTimeout, 5*time.Minute)
 	def(&c.ShutdownTimeout, 30*time.Second)
+	def(&c.BodyReadTimeout, 30*time.Second)
+	def(&c.IdleTimeout, 2*time.Minute)
 	def(&c.TaskRetention, 10*time.Minute)
 	def(&c.WriteTimeout, 10*time.Second)
 	def(&c.PingInterval, 10*time.Second)
@@ -201,6 +214,8 @@ func (c Config) validate() error {
 	}
 	positive("TaskTimeout", int64(c.TaskTimeout))
 	positive("ShutdownTimeout", int64(c.ShutdownTimeout))
+	positive("BodyReadTimeout", int64(c.BodyReadTimeout))
+	positive("IdleTimeout", int64(c.IdleTimeout))
 	positive("TaskRetention", int64(c.TaskRetention))
 	positive("WriteTimeout", int64(c.WriteTimeout))
 	positive("PingInterval", int64(c.PingInterval))

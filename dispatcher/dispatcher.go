@@ -144,6 +144,26 @@ func (d *Dispatcher) routes() *echo.Echo {
 	return e
 }
 
+// readBody reads a request's body, at most limit bytes, into buf.
+func readBody(c echo.Context, buf *bytes.Buffer, limit int64) error {
+	_, err := buf.ReadFrom(http.MaxBytesReader(c.Response(), c.Request().Body, limit))
+	return err
+}
+
+// bodyReadError answers a body that could not be read: too large (413), not in
+// within BodyReadTimeout (408), or cut off (400).
+func (d *Dispatcher) bodyReadError(c echo.Context, err error, what string) error {
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &mbe):
+		return c.JSON(http.StatusRequestEntityTooLarge, errorBody{fmt.Sprintf("%s larger than %d bytes", what, d.cfg.MaxBodyBytes)})
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		c.Response().Header().Set(echo.HeaderConnection, "close")
+		return c.JSON(http.StatusRequestTimeout, errorBody{fmt.Sprintf("%s not received within %v (--body-read-timeout)", what, d.cfg.BodyReadTimeout)})
+	}
+	return c.JSON(http.StatusBadRequest, errorBody{"reading body: " + err.Error()})
+}
+
 // bodyBuffers recycles request-body buffers: io.ReadAll grows a fresh slice for every
 // task. parseRunTask copies what it keeps, so a buffer goes back once parsed.
 var bodyBuffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
@@ -151,7 +171,7 @@ var bodyBuffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 func (d *Dispatcher) runTask(c echo.Context) error {
 	buf := bodyBuffers.Get().(*bytes.Buffer)
 	buf.Reset()
-	_, err := buf.ReadFrom(http.MaxBytesReader(c.Response(), c.Request().Body, d.cfg.MaxBodyBytes))
+	err := readBody(c, buf, d.cfg.MaxBodyBytes)
 	var spec taskSpec
 	if err == nil {
 		spec, err = parseRunTask(buf.Bytes())
@@ -167,11 +187,7 @@ func (d *Dispatcher) runTask(c echo.Context) error {
 		if errors.As(err, &perr) {
 			return c.JSON(http.StatusBadRequest, errorBody{perr.err.Error()})
 		}
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return c.JSON(http.StatusRequestEntityTooLarge, errorBody{fmt.Sprintf("body larger than %d bytes", d.cfg.MaxBodyBytes)})
-		}
-		return c.JSON(http.StatusBadRequest, errorBody{"reading body: " + err.Error()})
+		return d.bodyReadError(c, err, "body")
 	}
 	if err := d.checkParams(spec); err != nil {
 		return c.JSON(err.status, errorBody{err.msg})
@@ -291,15 +307,11 @@ func (d *Dispatcher) uploadModel(c echo.Context) error {
 	if d.uploader == nil {
 		return c.JSON(http.StatusServiceUnavailable, errorBody{errNoUploader.Error()})
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(c.Response(), c.Request().Body, d.cfg.MaxBodyBytes))
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return c.JSON(http.StatusRequestEntityTooLarge, errorBody{fmt.Sprintf("upload request larger than %d bytes", d.cfg.MaxBodyBytes)})
-		}
-		return c.JSON(http.StatusBadRequest, errorBody{"reading body: " + err.Error()})
+	var body bytes.Buffer
+	if err := readBody(c, &body, d.cfg.MaxBodyBytes); err != nil {
+		return d.bodyReadError(c, err, "upload request")
 	}
-	req, err := http.NewRequestWithContext(c.Request().Context(), http.MethodPost, d.cfg.UploaderURL+"/upload-model", bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(c.Request().Context(), http.MethodPost, d.cfg.UploaderURL+"/upload-model", &body)
 	if err != nil {
 		return err
 	}
@@ -400,7 +412,14 @@ func (d *Dispatcher) Run(ctx context.Context, ready chan<- net.Addr) error {
 	if d.tls != nil {
 		ln = tls.NewListener(ln, d.tls)
 	}
-	srv := &http.Server{Handler: d.echo, ReadHeaderTimeout: 10 * time.Second}
+	// ReadTimeout bounds reading a request, its body included: a body that stalls is
+	// answered 408 (bodyReadError) or its connection closed. It does not cut what
+	// follows: net/http lifts the deadline once the body is read (its background read
+	// for a closed connection), and the /worker-listen upgrade (gorilla) clears it
+	// before the socket sets its own. TestBodyReadTimeoutSparesAnswerWaitsAndWorkers
+	// holds both to that.
+	srv := &http.Server{Handler: d.echo, ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout: d.cfg.BodyReadTimeout, IdleTimeout: d.cfg.IdleTimeout}
 	expiryCtx, stopExpiry := context.WithCancel(context.Background())
 	defer stopExpiry()
 	go d.RunBackground(expiryCtx)

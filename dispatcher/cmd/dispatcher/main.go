@@ -77,6 +77,8 @@ func run(args []string) error {
 	metricsMaxLabels := fs.Int("metrics-max-labels", 500, "labels with series of their own in /metrics; the rest count as label=\"other\"")
 	passOverLoads := fs.Float64("pass-over-loads", schedDefaults.PassOverLoads, "how long a task may be passed over, in load times of its label")
 	maxBody := fs.Int64("max-body-bytes", 1<<20, "largest /run-task body; larger gets 413")
+	bodyReadTimeout := fs.Duration("body-read-timeout", 30*time.Second, "how long a request, its body included, may take to arrive; a body that stalls gets 408 (not the wait for a task's answer)")
+	idleTimeout := fs.Duration("idle-timeout", 2*time.Minute, "how long a kept-alive HTTP connection may wait for its next request before it is closed")
 	maxParams := fs.Int("max-params-bytes", 1<<20, "largest decoded parameters_json; larger gets 413")
 	maxQueuedPerLabel := fs.Int("max-queued-per-label", 0, "tasks waiting for one label before /run-task answers 429 (0: --max-queued)")
 	sendQueue := fs.Int("send-queue-frames", 1024, "frames queued for one worker before it is cut off as too slow")
@@ -171,6 +173,8 @@ func run(args []string) error {
 		MaxQueued:          *maxQueued,
 		MaxQueuedPerLabel:  *maxQueuedPerLabel,
 		MaxBodyBytes:       *maxBody,
+		BodyReadTimeout:    *bodyReadTimeout,
+		IdleTimeout:        *idleTimeout,
 		MaxParamsBytes:     *maxParams,
 		SendQueueFrames:    *sendQueue,
 		MaxFrameBytes:      *maxFrame,
@@ -248,6 +252,7 @@ var zeroMeansDefault = []string{
 	"max-pass-over", "pass-over-loads", "metrics-max-labels", "max-body-bytes", "max-params-bytes",
 	"send-queue-frames", "max-frame-bytes", "label-failure-threshold", "label-failure-window",
 	"label-failure-cooldown", "fleet-settle", "task-retention", "task-retention-count", "task-retention-bytes", "journal-lock-timeout",
+	"body-read-timeout", "idle-timeout",
 }
 
 // refuseZero refuses 0 for the flags in zeroMeansDefault, from the command line or
