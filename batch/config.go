@@ -158,7 +158,11 @@ func (c Config) WithDefaults() Config {
 		c.syncDir = syncDir
 	}
 	if c.HTTPClient == nil {
-		c.HTTPClient = &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: c.Concurrency}}
+		// IdleConnTimeout below the dispatcher's --idle-timeout (2m): the client closes
+		// an idle connection first, rather than send a task on one the dispatcher is
+		// closing (a POST is not retried).
+		c.HTTPClient = &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: c.Concurrency,
+			IdleConnTimeout: 90 * time.Second}}
 	}
 	return c
 }

@@ -191,8 +191,9 @@ func Soak(ctx context.Context, cfg SoakConfig) (SoakResult, error) {
 	}
 	defer c.stop()
 	res.DispatcherPID = c.dispatcher.pid()
+	// IdleConnTimeout below the dispatcher's --idle-timeout: the client closes first.
 	client := &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: cfg.Concurrency,
-		DialContext: (&net.Dialer{Timeout: 5 * time.Second}).DialContext}}
+		IdleConnTimeout: 90 * time.Second, DialContext: (&net.Dialer{Timeout: 5 * time.Second}).DialContext}}
 	defer client.CloseIdleConnections()
 	l := &soakLoad{cfg: cfg, client: client, url: c.baseURL + "/run-task"}
 
