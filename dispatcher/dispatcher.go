@@ -17,8 +17,10 @@ import (
 	"net/url"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
+	"unicode"
 
 	"github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"
@@ -91,7 +93,12 @@ func New(cfg Config) (*Dispatcher, error) {
 		tls:  tlsCfg,
 	}
 	if cfg.UploaderURL != "" {
-		d.uploader = &http.Client{Timeout: 30 * time.Minute} // model conversion is slow
+		d.uploader = &http.Client{
+			Timeout: 30 * time.Minute, // model conversion is slow
+			// A redirect is the uploader's answer, not an address to re-POST the
+			// producer's request to: it is a 502 like any other non-2xx answer.
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		}
 	}
 	d.echo = d.routes()
 	return d, nil
@@ -329,11 +336,41 @@ func (d *Dispatcher) uploadModel(c echo.Context) error {
 	if len(out) > maxUploaderAnswer { // passed on cut, it would be a broken answer
 		return c.JSON(http.StatusBadGateway, errorBody{fmt.Sprintf("uploader answer larger than %d bytes", maxUploaderAnswer)})
 	}
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		// Not passed on: an HTML error page is no JSON answer, and an uploader's 401 or
+		// 404 would read as the dispatcher refusing the key or lacking the route.
+		msg := "uploader answered " + resp.Status
+		if loc := resp.Header.Get("Location"); resp.StatusCode >= 300 && resp.StatusCode < 400 && loc != "" {
+			msg += " (redirect to " + excerpt([]byte(loc)) + ", not followed)"
+		}
+		if e := excerpt(out); e != "" {
+			msg += ": " + e
+		}
+		return c.JSON(http.StatusBadGateway, errorBody{msg})
+	}
 	ct := resp.Header.Get("Content-Type")
 	if ct == "" {
 		ct = echo.MIMEApplicationJSON
 	}
 	return c.Blob(resp.StatusCode, ct, out)
+}
+
+// excerptBytes bounds what excerpt keeps of an uploader's error answer.
+const excerptBytes = 200
+
+// excerpt is the start of b as one line of valid UTF-8: control characters and runs of
+// spaces become one space, and past excerptBytes it is cut with "...".
+func excerpt(b []byte) string {
+	cut := len(b) > excerptBytes
+	if cut {
+		b = b[:excerptBytes]
+	}
+	s := strings.ToValidUTF8(string(b), "") // a rune cut in two at the end goes too
+	s = strings.Join(strings.FieldsFunc(s, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }), " ")
+	if cut {
+		s += "..."
+	}
+	return s
 }
 
 // RunBackground does the dispatcher's periodic work until ctx ends: it fails queued
