@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync/atomic"
 
@@ -131,6 +132,12 @@ func verify(c echo.Context, apiKeyHeader bool, own, other credential.Set, msg re
 func (d *Dispatcher) authorize(next echo.HandlerFunc) echo.HandlerFunc {
 	a := d.auth
 	return func(c echo.Context) error {
+		if !a.producerAuth {
+			if from := crossSite(c.Request()); from != "" {
+				return c.JSON(http.StatusForbidden, errorBody{"request from a web page on another site refused (" + from +
+					"): without API keys the dispatcher takes requests from programs (no Origin header) and loopback pages only; configure API keys (--api-key) for others"})
+			}
+		}
 		var producer bool
 		switch c.Path() {
 		case "/health":
@@ -162,6 +169,41 @@ func (d *Dispatcher) authorize(next echo.HandlerFunc) echo.HandlerFunc {
 		}
 		return next(c)
 	}
+}
+
+// crossSite says where a request comes from when a web page on another site sent it
+// (its Origin is not a loopback one, or the browser says Sec-Fetch-Site: cross-site),
+// and "" otherwise: programs (curl, producers, agents) send neither header.
+//
+// authorize refuses those requests while producers need no API key (development
+// mode, or worker tokens alone): any page the developer opens could otherwise drive
+// the dispatcher on 127.0.0.1 with "simple" requests a browser sends without asking
+// (a text/plain POST to /run-task, a drain), or with a DNS-rebound host name. With API
+// keys it is not needed: a page cannot add Authorization or X-API-Key to a
+// cross-origin request without a CORS preflight, which the dispatcher never grants.
+func crossSite(r *http.Request) string {
+	if r.Header.Get("Sec-Fetch-Site") == "cross-site" {
+		return "Sec-Fetch-Site: cross-site"
+	}
+	if o := r.Header.Get("Origin"); o != "" && !loopbackOrigin(o) {
+		return "Origin " + excerpt([]byte(o))
+	}
+	return ""
+}
+
+// loopbackOrigin reports whether an Origin header names a page served from this
+// machine (localhost, 127.0.0.0/8, ::1). "null" (a sandboxed frame, a file) is not.
+func loopbackOrigin(origin string) bool {
+	u, err := url.Parse(origin)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") {
+		return false
+	}
+	host := u.Hostname()
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // workerTokenValid says whether a connected worker's token is still accepted.
