@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"time"
@@ -120,12 +121,36 @@ func (c Config) validate() error {
 	if c.MaxPassOver < 0 || c.PassOverLoads < 0 || c.LoadTimePrior < 0 || c.RunTimePrior < 0 {
 		return errors.New("scheduler: MaxPassOver, PassOverLoads, LoadTimePrior and RunTimePrior must not be negative")
 	}
+	if err := CheckPassOverLoads(c.PassOverLoads, c.LoadTimePrior); err != nil {
+		return fmt.Errorf("scheduler: PassOverLoads: %w", err)
+	}
 	if c.FleetSettle < 0 {
 		return errors.New("scheduler: FleetSettle must not be negative")
 	}
 	if c.LabelFailureThreshold < 1 || c.LabelFailureWindow < 0 || c.LabelFailureCooldown < 0 {
 		return fmt.Errorf("scheduler: LabelFailureThreshold must be at least 1 (got %d) and LabelFailureWindow, LabelFailureCooldown not negative",
 			c.LabelFailureThreshold)
+	}
+	return nil
+}
+
+// MaxLoadTime is the longest load time the pass-over bound is sized for: the
+// dispatcher takes no longer load time from a worker (a day, as a task's deadline).
+// The bound is still computed without overflow past it (passedOverTooLong).
+const MaxLoadTime = 24 * time.Hour
+
+// CheckPassOverLoads refuses a pass-over bound, in loads (Config.PassOverLoads), that
+// is not a finite number or whose product with a load time (up to the larger of
+// loadTimePrior and MaxLoadTime) overflows a time.Duration: the bound would wrap and
+// fall to MaxPassOver instead of meaning what it says. Negative values are validate's
+// to refuse.
+func CheckPassOverLoads(loads float64, loadTimePrior time.Duration) error {
+	if math.IsNaN(loads) || math.IsInf(loads, 0) {
+		return fmt.Errorf("must be a finite number, got %v", loads)
+	}
+	load := max(loadTimePrior, MaxLoadTime)
+	if limit := float64(math.MaxInt64) / float64(load); loads >= limit {
+		return fmt.Errorf("%v loads of %v overflow a duration (about 292 years); at most %.0f", loads, load, math.Floor(limit))
 	}
 	return nil
 }
@@ -1173,7 +1198,11 @@ func (s *Scheduler) expectedRun(w *worker, t *Task) time.Duration {
 
 // passedOverTooLong reports whether a queued task has waited past its pass-over bound.
 func (s *Scheduler) passedOverTooLong(t *Task) bool {
-	bound := max(s.cfg.MaxPassOver, time.Duration(s.cfg.PassOverLoads*float64(s.statsOf(t.labelState).load)))
+	loads := s.cfg.PassOverLoads * float64(s.statsOf(t.labelState).load)
+	if loads >= math.MaxInt64 { // a load past MaxLoadTime: a bound past any wait, not a wrapped one
+		return false
+	}
+	bound := max(s.cfg.MaxPassOver, time.Duration(loads))
 	return s.now.Sub(t.Enqueued) >= bound
 }
 

@@ -3,6 +3,7 @@ package scheduler
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -98,6 +99,35 @@ func TestConfigValidation(t *testing.T) {
 	}
 	if _, err := New(Config{}, nil); err == nil {
 		t.Fatal("nil clock accepted")
+	}
+}
+
+// PassOverLoads times a load time must be a duration: NaN, an infinity, or a number
+// whose product with a load (up to a day, or the prior when longer) overflows is
+// refused, rather than the bound wrapping and falling to MaxPassOver.
+func TestPassOverLoadsMustFitADuration(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		loads float64
+		prior time.Duration
+		ok    bool
+	}{
+		{math.NaN(), 0, false},
+		{math.Inf(1), 0, false},
+		{1e30, 0, false},
+		{106752, 0, false}, // × 24 h is past 292 years
+		{106751, 0, true},
+		{100, 0, true},
+		{10_000, 1000 * time.Hour, false}, // a prior past a day counts as the longest load
+		{10_000, time.Hour, true},
+	} {
+		_, err := New(Config{PassOverLoads: c.loads, LoadTimePrior: c.prior}, &fakeClock{})
+		if (err == nil) != c.ok {
+			t.Errorf("PassOverLoads %v with LoadTimePrior %v: %v, want ok %v", c.loads, c.prior, err, c.ok)
+		}
+		if err != nil && !strings.Contains(err.Error(), "PassOverLoads") {
+			t.Errorf("PassOverLoads %v: error %q does not name the field", c.loads, err)
+		}
 	}
 }
 

@@ -119,6 +119,11 @@ func run(args []string) error {
 	if err := refuseZero(fs); err != nil {
 		return usageError{err}
 	}
+	// NaN, Inf and 1e30 parse as floats; the scheduler would refuse them too, without
+	// the flag's name.
+	if err := scheduler.CheckPassOverLoads(*passOverLoads, *loadPrior); err != nil {
+		return usageError{fmt.Errorf("--pass-over-loads (PASS_OVER_LOADS) %w", err)}
+	}
 	routing, err := resolvePolicy(fs, *random, *policy)
 	if err != nil {
 		return usageError{err}

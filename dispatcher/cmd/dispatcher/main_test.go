@@ -120,8 +120,11 @@ func TestBadConfigurationExitsTwo(t *testing.T) {
 		{[]string{"--log-level", "loud"}, 2},
 		{[]string{"--log-level", ""}, 2}, // NoLevel: the log silently off
 		{[]string{"--memory-limit-ratio", "2"}, 2},
-		{[]string{"--max-attempts", "-1"}, 2},                                     // dispatcher.New's validation
-		{[]string{"--max-frame-bytes", "4096"}, 2},                                // below a result's floor
+		{[]string{"--max-attempts", "-1"}, 2},      // dispatcher.New's validation
+		{[]string{"--max-frame-bytes", "4096"}, 2}, // below a result's floor
+		{[]string{"--pass-over-loads", "NaN"}, 2},
+		{[]string{"--pass-over-loads", "+Inf"}, 2},
+		{[]string{"--pass-over-loads", "1e30"}, 2},                                // × a load overflows a duration
 		{[]string{"--worker-tokens-file", filepath.Join(t.TempDir(), "none")}, 2}, // an unreadable token file
 		{[]string{"--addr", busy.Addr().String()}, 1},
 	} {
@@ -136,6 +139,22 @@ func TestBadConfigurationExitsTwo(t *testing.T) {
 		if got := exitCode(err); got != c.want {
 			t.Errorf("%q: exit %d, want %d (%v)", c.args, got, c.want, err)
 		}
+	}
+}
+
+// --pass-over-loads that is not a finite number, or that times a load overflows a
+// duration, is refused with an error naming the flag (the bound wrapped and silently
+// fell to --max-pass-over); from the environment too.
+func TestPassOverLoadsMustBeFinite(t *testing.T) {
+	for _, v := range []string{"NaN", "+Inf", "-Inf", "1e30"} {
+		err := run([]string{"--addr", "127.0.0.1:0", "--data-dir", t.TempDir(), "--pass-over-loads", v})
+		if err == nil || exitCode(err) != 2 || !strings.Contains(err.Error(), "--pass-over-loads (PASS_OVER_LOADS)") {
+			t.Errorf("--pass-over-loads %s: %v, want exit 2 naming the flag", v, err)
+		}
+	}
+	t.Setenv("PASS_OVER_LOADS", "nan")
+	if err := run([]string{"--addr", "127.0.0.1:0", "--data-dir", t.TempDir()}); err == nil || !strings.Contains(err.Error(), "PASS_OVER_LOADS") {
+		t.Errorf("PASS_OVER_LOADS=nan: %v", err)
 	}
 }
 
