@@ -12,7 +12,6 @@ import (
 	"runtime/debug"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -173,8 +172,7 @@ func openJournal(dir string, o journalOptions) (*journal, error) {
 }
 
 // openWritable opens the journal for writing. Its free-list rebuild panics, in a
-// goroutine of bbolt's, on damage that checkJournal did not find (it runs bbolt's own
-// check, so it should find all the rebuild would). That panic is not recovered here:
+// goroutine of bbolt's, on damage that checkJournal did not find. That panic is not recovered here:
 // the rebuild's goroutine goes on walking pages after the open has failed, and a
 // recovered start crashed on it all the same, sometimes, after logging the error.
 func openWritable(path string, lockTimeout time.Duration) (*bolt.DB, error) {
@@ -186,8 +184,8 @@ func journalDamaged(path string, what any) error {
 	return fmt.Errorf("journal %s is damaged (%v): move it aside to start without it (its pending tasks are lost) or restore it from a backup", path, what)
 }
 
-// checkJournal reads an existing journal through once, read-only, and runs bbolt's
-// consistency check on it, before it is opened for writing. Opening for writing
+// checkJournal reads an existing journal through once, read-only, checking that each
+// bucket's keys are in order, before it is opened for writing. Opening for writing
 // rebuilds the free list (NoFreelistSync) by walking every page, in a goroutine of
 // bbolt's own where a page past the file is a fault nothing can recover, and panics on
 // any inconsistency (a key out of order); here the same damage is an error that says
@@ -215,43 +213,28 @@ func checkJournal(path string, lockTimeout time.Duration) (err error) {
 	if err != nil {
 		return damaged(err) // not a bbolt file, or a header bbolt refuses
 	}
-	leaveOpen := false
-	defer func() {
-		// After a finding a goroutine of bbolt's free-list rebuild may still be walking
-		// the file (until its next finding, which nobody reads): unmapping the file
-		// under it would crash the process that is about to say the journal is
-		// damaged. The start fails, so the read-only handle is left to the exit.
-		if !leaveOpen {
-			db.Close()
-		}
-	}()
+	defer db.Close()
 	return db.View(func(tx *bolt.Tx) error {
 		if tx.Size() > st.Size() {
 			return damaged(fmt.Sprintf("%d bytes, its pages need %d", st.Size(), tx.Size()))
 		}
-		// Every page read here first, where a read past the file is a panic recovered
-		// above: the check below reads them in goroutines of bbolt's.
-		if err := tx.ForEach(func(_ []byte, b *bolt.Bucket) error {
-			return b.ForEach(func(_, v []byte) error {
+		// Every page read here, where a read past the file is a panic recovered above,
+		// and every bucket's keys checked to be in order: a key out of order (or a page
+		// referenced twice, which repeats its keys) reads through, but the read-write
+		// open's free-list rebuild panics on it in a goroutine of bbolt's. bbolt's own
+		// tx.Check is no help here: it rebuilds the free list the same way, and its
+		// goroutine went on reading the transaction after the panic had closed it.
+		return tx.ForEach(func(name []byte, b *bolt.Bucket) error {
+			var prev []byte
+			return b.ForEach(func(k, v []byte) error {
+				if prev != nil && bytes.Compare(prev, k) >= 0 {
+					return damaged(fmt.Sprintf("bucket %s: key %q after %q, out of order", name, k, prev))
+				}
+				prev = append(prev[:0], k...)
 				_ = finishedAt(v) // touch the value's pages
 				return nil
 			})
-		}); err != nil {
-			return err
-		}
-		// bbolt's own check: keys out of order and pages referenced twice, lost or
-		// freed, which the walk above reads through but the read-write open's free-list
-		// rebuild panics on. Its first finding is reported; the rest are drained, since
-		// its goroutine reads the file until it closes the channel.
-		var found error
-		for err := range tx.Check() {
-			if found == nil {
-				// A finding in the free-list rebuild comes as a recovered panic.
-				found = damaged(strings.TrimPrefix(err.Error(), "panic: "))
-				leaveOpen = true
-			}
-		}
-		return found
+		})
 	})
 }
 
