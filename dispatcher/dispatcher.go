@@ -234,7 +234,7 @@ func (d *Dispatcher) runTask(c echo.Context) error {
 	}
 	// Wait for the answer. A producer that goes away leaves the task running; its
 	// result stays available from GET /tasks/{id}. Every task is answered by its
-	// deadline, or overdueGrace after it when its worker overran it without a word (the
+	// deadline, or overrunGrace after it when its worker overran it without a word (the
 	// hub's tick answers it then).
 	if d.cfg.onWait != nil {
 		d.cfg.onWait(rec.sched.ID)

@@ -636,25 +636,25 @@ func (h *hub) idleCheck() {
 	}
 }
 
-// overdueGrace is how long past a task's deadline its worker may take to answer
+// overrunGrace is how long past a task's deadline its worker may take to answer
 // before the hub answers for it: the worker was told the deadline and stops the
 // attempt by itself, so a correct one has answered by then.
-const overdueGrace = 5 * time.Second
+const overrunGrace = 5 * time.Second
 
 // tick fails queued tasks whose deadline passed and running ones whose worker overran
-// it by overdueGrace, lets free workers reconsider tasks that have waited too long,
+// it by overrunGrace, lets free workers reconsider tasks that have waited too long,
 // and drops answers whose retention is over.
 func (h *hub) tick() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.apply(h.sched.Expire())
-	h.apply(h.sched.ExpireRunning(overdueGrace))
+	h.apply(h.sched.ExpireRunning(overrunGrace))
 	h.apply(h.sched.Rebalance())
 	h.finished.sweep(h.clock.Now())
 }
 
 // overran deals with an attempt whose worker overran the task's deadline by
-// overdueGrace and has not answered (a backend call that ignores cancellation, a hung
+// overrunGrace and has not answered (a backend call that ignores cancellation, a hung
 // agent): the task is answered 504 now, rather than stay running for ever, and the
 // worker is told to cancel the attempt. Its slot stays busy in the scheduler until
 // the worker answers (endOverrun) or leaves. It returns the answer's error. Caller
@@ -668,7 +668,7 @@ func (h *hub) overran(f scheduler.Failure) string {
 			TaskId: f.Task.ID, Attempt: uint32(f.Task.Attempt), Reason: "deadline overrun: the dispatcher answered the task"}}})
 	}
 	return fmt.Sprintf("deadline exceeded: worker %q overran it by %v and did not answer; its attempt was cancelled",
-		f.WorkerID, overdueGrace)
+		f.WorkerID, overrunGrace)
 }
 
 // endOverrun takes a result of an attempt its worker overran (see overran): the task

@@ -30,7 +30,7 @@ const (
 	failLoad                              // the label failed to load on every worker tried (502)
 	failLabelFailing                      // the label is marked failing (503)
 	failNoWorkerCanLoad                   // no connected worker can load the label (503)
-	failWorkerOverran                     // the worker overran the deadline by overdueGrace without answering (504)
+	failWorkerOverran                     // the worker overran the deadline by overrunGrace without answering (504)
 	numFailReasons
 )
 

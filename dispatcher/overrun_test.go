@@ -12,7 +12,7 @@ import (
 )
 
 // overrun runs task id (timeout 1 s) on worker w, which never answers, and moves the
-// clock past its deadline and overdueGrace; the hub's tick then answers the task. It
+// clock past its deadline and overrunGrace; the hub's tick then answers the task. It
 // returns the attempt.
 func overrun(t *testing.T, b *bundle, clock *testClock, w *fakeWorker, id string) *pb.TaskAssignment {
 	t.Helper()
@@ -20,7 +20,7 @@ func overrun(t *testing.T, b *bundle, clock *testClock, w *fakeWorker, id string
 	if a.TaskId != id {
 		t.Fatalf("assignment of %s, want %s", a.TaskId, id)
 	}
-	clock.advance(time.Second + overdueGrace - 10*time.Millisecond)
+	clock.advance(time.Second + overrunGrace - 10*time.Millisecond)
 	b.d.hub.tick()
 	if code, v := b.get("/tasks/" + id); code != 200 || v["status"] != "running" {
 		t.Fatalf("GET /tasks/%s before the grace was over: %d %v, want it running", id, code, v)
@@ -36,7 +36,7 @@ func overrun(t *testing.T, b *bundle, clock *testClock, w *fakeWorker, id string
 }
 
 // A worker that overruns its task's deadline and never answers does not leave the task
-// running for ever: overdueGrace after the deadline the task fails with 504 naming the
+// running for ever: overrunGrace after the deadline the task fails with 504 naming the
 // worker, its producer gets that answer, and the worker is told to cancel. The
 // worker's slot stays busy until its late result, which frees it and changes nothing
 // of the answer.
