@@ -20,6 +20,8 @@ func check(t *testing.T, s *Scheduler) {
 			t.Fatalf("%d running tasks with a deadline, %d in the running deadline heap", runningWatched, len(s.runningDeadline))
 		}
 	}()
+	// Per task id, the stand-ins of overrun attempts and their highest attempt number.
+	standIns, standInTop := map[string]int{}, map[string]int{}
 	for _, w := range s.workers {
 		free := w.isFree()
 		if free != (w.freePos >= 0) || (w.freePos >= 0 && s.free.at(w.freePos) != w) {
@@ -33,8 +35,24 @@ func check(t *testing.T, s *Scheduler) {
 			t.Fatalf("worker %s holds %d > %d", w.id, len(w.held), w.capacity)
 		}
 		inUse := map[string]int{}
+		type attemptKey struct {
+			id string
+			n  int
+		}
+		attempts := map[attemptKey]bool{}
 		for _, r := range w.running {
 			inUse[r.Label]++
+			// The agent keys attempts by id and number: a second one under a key it
+			// still runs is ignored as a duplicate.
+			if k := (attemptKey{r.ID, r.AttemptNumber()}); attempts[k] {
+				t.Fatalf("worker %s runs two attempts of %s numbered %d", w.id, r.ID, k.n)
+			} else {
+				attempts[k] = true
+			}
+			if r.state == stateOverran {
+				standIns[r.ID]++
+				standInTop[r.ID] = max(standInTop[r.ID], r.AttemptNumber())
+			}
 			if (r.state != stateRunning && r.state != stateOverran) || r.worker != w {
 				t.Fatalf("running task %s bad state", r.ID)
 			}
@@ -81,6 +99,14 @@ func check(t *testing.T, s *Scheduler) {
 			if w.accepting && !h.doomed {
 				active[h.label]++
 			}
+		}
+	}
+	if len(s.overrunHeld) != len(standIns) {
+		t.Fatalf("overrunHeld has %d ids, the workers hold stand-ins of %d", len(s.overrunHeld), len(standIns))
+	}
+	for id, held := range standIns {
+		if o := s.overrunHeld[id]; o.held != held || o.top < standInTop[id] {
+			t.Fatalf("overrunHeld[%s] = %+v, want %d held, top at least %d", id, o, held, standInTop[id])
 		}
 	}
 	queued := map[string]int{}
@@ -249,7 +275,7 @@ func endOverrun(s *Scheduler, loaded, failed bool) {
 		}
 		for _, t := range w.running {
 			if t.state == stateOverran {
-				s.EndOverrun(w.id, t.ID, t.Attempt, Observation{Loaded: loaded, Failed: failed, LoadTime: time.Second})
+				s.EndOverrun(w.id, t.ID, t.AttemptNumber(), Observation{Loaded: loaded, Failed: failed, LoadTime: time.Second})
 				return
 			}
 		}

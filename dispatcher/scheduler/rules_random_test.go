@@ -348,8 +348,9 @@ func (f *ruleRun) step(step int) {
 
 // overruns follows an Expire with the hub's tick's other calls, drawn from f.over so
 // that the main sequence of calls stays that of the seed: now and then ExpireRunning
-// (the hub's grace is 5 s; shorter here, for the random clock to reach), and the late
-// result of an attempt overrun before (EndOverrun).
+// (the hub's grace is 5 s; shorter here, for the random clock to reach), a new run of
+// the id of an attempt overrun before (check: it never shares an attempt number with
+// that attempt on a worker), and the late result of such an attempt (EndOverrun).
 func (f *ruleRun) overruns(call string, before ruleSnapshot, out *Outcome) {
 	s := f.b.s
 	f.finishStep(call, before, out, true)
@@ -357,6 +358,18 @@ func (f *ruleRun) overruns(call string, before ruleSnapshot, out *Outcome) {
 		grace := time.Duration(f.over.IntN(2000)) * time.Millisecond
 		before = f.snapshot()
 		f.finishStep(fmt.Sprintf("ExpireRunning(%v)", grace), before, s.ExpireRunning(grace), false)
+	}
+	if f.over.IntN(2) == 0 {
+		if st := f.standIn(); st != nil && !f.inFlight(st.ID) { // the owner runs one task per id
+			tk := &Task{ID: st.ID, Label: st.Label}
+			if f.over.IntN(2) == 0 {
+				tk.Deadline = f.b.clock.now.Add(time.Duration(1+f.over.IntN(3000)) * time.Millisecond)
+			}
+			before = f.snapshot()
+			out, _ := s.Submit(tk)
+			f.tasks = append(f.tasks, tk)
+			f.finishStep(fmt.Sprintf("Submit(%s %s) again, its overrun attempt %d held", tk.ID, tk.Label, st.AttemptNumber()), before, out, false)
+		}
 	}
 	if f.over.IntN(3) == 0 {
 		for i := range ruleWorkers { // in id order: a map's order would make two runs of a seed differ
@@ -373,7 +386,7 @@ func (f *ruleRun) overruns(call string, before ruleSnapshot, out *Outcome) {
 				if obs.Loaded { // the result says the label is loaded: no longer loading
 					delete(before.loading[w.id], t.Label)
 				}
-				end, ok := s.EndOverrun(w.id, t.ID, t.Attempt, obs)
+				end, ok := s.EndOverrun(w.id, t.ID, t.AttemptNumber(), obs)
 				if !ok {
 					f.fail("EndOverrun(%s, %s): the overrun attempt is not found", w.id, t.ID)
 				}
@@ -382,6 +395,30 @@ func (f *ruleRun) overruns(call string, before ruleSnapshot, out *Outcome) {
 			}
 		}
 	}
+}
+
+// standIn is the first stand-in of an overrun attempt, in worker id order, or nil.
+func (f *ruleRun) standIn() *Task {
+	for i := range ruleWorkers {
+		if w := f.b.s.workers[fmt.Sprintf("w%d", i)]; w != nil {
+			for _, t := range w.running {
+				if t.state == stateOverran {
+					return t
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// inFlight reports whether a task with this id is queued or running.
+func (f *ruleRun) inFlight(id string) bool {
+	for _, t := range f.tasks {
+		if t.ID == id && (t.Queued() || t.Running()) {
+			return true
+		}
+	}
+	return false
 }
 
 // finishStep records call and what its Outcome decided, checks the Outcome and the

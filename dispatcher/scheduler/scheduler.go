@@ -252,6 +252,11 @@ type Scheduler struct {
 	// runningDeadline holds the running attempts that have a deadline, so that
 	// ExpireRunning finds the overrun ones without walking every worker.
 	runningDeadline deadlineHeap
+	// overrunHeld has an entry per task id whose overrun attempts still hold slots
+	// (stand-ins; see ExpireRunning): Submit numbers a new run of the id after them.
+	// ExpireRunning adds to it, EndOverrun and RemoveWorker take away; it is empty
+	// unless workers hang.
+	overrunHeld map[string]overrunAttempts
 
 	out Outcome
 	// now is the clock reading of the call in progress, taken once by reset: every
@@ -318,7 +323,8 @@ func New(cfg Config, clock Clock) (*Scheduler, error) {
 		failing: make(map[string]*labelFailures),
 		queue:   taskList{on: globalLinks},
 
-		loadableBy: make(map[string]int),
+		loadableBy:  make(map[string]int),
+		overrunHeld: make(map[string]overrunAttempts),
 	}, nil
 }
 
@@ -432,6 +438,7 @@ func (s *Scheduler) RemoveWorker(id string) (*Outcome, error) {
 		s.unwatchDeadline(t)
 		if t.state == stateOverran { // answered already: only its slot was held
 			t.state = stateDone
+			s.unholdOverrun(t.ID)
 			continue
 		}
 		if t.Attempt >= s.cfg.MaxAttempts {
@@ -539,6 +546,10 @@ func (s *Scheduler) Submit(t *Task) (*Outcome, error) {
 	t.seq = s.nextSeq
 	s.nextSeq++
 	t.Enqueued = s.now
+	// Number its attempts after those of an earlier run of the id that overran and may
+	// still be running (see AttemptNumber). Refusing the run until they end would leave
+	// the id unusable for as long as a backend hangs; renumbering costs nothing.
+	t.AttemptBase = s.overrunHeld[t.ID].top
 	// Its deadline may have passed before it got here (the owner sets it before a slow
 	// journal write, say): rule 6, never run it, with no load or eviction on its behalf.
 	if !t.Deadline.IsZero() && !t.Deadline.After(s.now) {
@@ -756,8 +767,9 @@ func (s *Scheduler) Expire() *Outcome {
 // backend call that ignores cancellation, a hung agent). The task leaves the
 // scheduler, as with Abandon, but its slot stays busy, since the worker never said it
 // stopped: a stand-in holds it until the worker's late result (EndOverrun) or its
-// removal, and is never requeued. The owner should tell the worker to cancel the
-// attempt. The cost is that of the attempts expired: the running attempts are in a
+// removal, and is never requeued; a new run of the task's id submitted meanwhile
+// numbers its attempts after it (see AttemptNumber). The owner should tell the worker
+// to cancel the attempt. The cost is that of the attempts expired: the running attempts are in a
 // heap by deadline.
 func (s *Scheduler) ExpireRunning(grace time.Duration) *Outcome {
 	out := s.reset()
@@ -769,8 +781,9 @@ func (s *Scheduler) ExpireRunning(grace time.Duration) *Outcome {
 		// A copy the owner never sees: t goes back to the owner, who answers it, and
 		// the scheduler keeps no pointer into an answered task's record.
 		w.running[i] = &Task{ID: t.ID, Label: t.Label, Deadline: t.Deadline, Attempt: t.Attempt,
-			Enqueued: t.Enqueued, Started: t.Started, state: stateOverran, worker: w,
-			labelState: t.labelState, heapIdx: -1}
+			AttemptBase: t.AttemptBase, Enqueued: t.Enqueued, Started: t.Started, state: stateOverran,
+			worker: w, labelState: t.labelState, heapIdx: -1}
+		s.holdOverrun(t.ID, t.AttemptNumber())
 		t.worker = nil
 		t.state = stateDone
 		out.Failed = append(out.Failed, Failure{Task: t, Reason: FailOverrun, WorkerID: w.id})
@@ -779,9 +792,10 @@ func (s *Scheduler) ExpireRunning(grace time.Duration) *Outcome {
 }
 
 // EndOverrun frees the slot a worker's overrun attempt held (see ExpireRunning), now
-// that its late result came, and lets the worker take its next task. It reports
-// false when no attempt of that task overran on that worker. The result teaches the
-// label's load time, not its run time: an overrun is no sample of a normal run.
+// that its late result came, and lets the worker take its next task. attempt is the
+// number the worker was given (AttemptNumber). It reports false when no attempt of
+// that task overran on that worker. The result teaches the label's load time, not its
+// run time: an overrun is no sample of a normal run.
 func (s *Scheduler) EndOverrun(workerID, taskID string, attempt int, obs Observation) (*Outcome, bool) {
 	out := s.reset()
 	w, ok := s.workers[workerID]
@@ -789,17 +803,42 @@ func (s *Scheduler) EndOverrun(workerID, taskID string, attempt int, obs Observa
 		return out, false
 	}
 	for i, t := range w.running {
-		if t.state != stateOverran || t.ID != taskID || t.Attempt != attempt {
+		if t.state != stateOverran || t.ID != taskID || t.AttemptNumber() != attempt {
 			continue
 		}
 		s.unrun(w, i, t)
 		t.state = stateDone
+		s.unholdOverrun(t.ID)
 		s.observe(t.Label, Observation{Loaded: obs.Loaded, LoadTime: obs.LoadTime})
 		s.release(w, t.Label, obs.Loaded, obs.Failed && !obs.Loaded)
 		s.fill(w)
 		return s.settle(out), true // the release may have doomed a copy others wait on
 	}
 	return out, false
+}
+
+// overrunAttempts are the stand-ins of one task id: how many hold slots, and the
+// highest attempt number among those held since the first of them. The number stays
+// until the last one ends, so a run submitted meanwhile reuses no number a stand-in
+// held.
+type overrunAttempts struct{ held, top int }
+
+// holdOverrun records a stand-in of task id whose attempt number is n.
+func (s *Scheduler) holdOverrun(id string, n int) {
+	o := s.overrunHeld[id]
+	o.held++
+	o.top = max(o.top, n)
+	s.overrunHeld[id] = o
+}
+
+// unholdOverrun records that a stand-in of task id freed its slot.
+func (s *Scheduler) unholdOverrun(id string) {
+	o := s.overrunHeld[id]
+	if o.held--; o.held <= 0 {
+		delete(s.overrunHeld, id)
+		return
+	}
+	s.overrunHeld[id] = o
 }
 
 // NextDeadline is the earliest deadline among queued tasks.

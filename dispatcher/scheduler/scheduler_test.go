@@ -1136,6 +1136,75 @@ func TestRemovedWorkerDoesNotRequeueAnOverrunTask(t *testing.T) {
 	}
 }
 
+// A new run of a task id whose overrun attempt still holds a slot numbers its attempts
+// after that attempt's, so the worker does not take the new one for a duplicate and
+// the old one's late result does not end it; MaxAttempts still counts the new run's
+// own starts. Once the last stand-in of the id is gone, numbering starts at 1 again.
+func TestResubmissionNumbersAttemptsAfterAnOverrunOne(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{MaxAttempts: 2})
+	b.worker("w1", 1, 2, "a")
+	hung := &Task{ID: "x", Label: "a", Deadline: b.clock.now.Add(time.Second)}
+	one(t, b.submit(hung))
+	b.clock.advance(10 * time.Second)
+	if out := b.s.ExpireRunning(5 * time.Second); len(out.Failed) != 1 {
+		t.Fatalf("want x overrun, got %+v", out.Failed)
+	}
+
+	again := &Task{ID: "x", Label: "a"}
+	a := one(t, b.submit(again)) // the other slot of w1
+	if a.WorkerID != "w1" || again.Attempt != 1 || again.AttemptNumber() != 2 {
+		t.Fatalf("new run on %s as start %d numbered %d, want w1, start 1, numbered 2 (after the overrun attempt 1)",
+			a.WorkerID, again.Attempt, again.AttemptNumber())
+	}
+	check(t, b.s)
+	// Refused twice: two starts of the new run use up MaxAttempts 2, though the second
+	// is numbered 3.
+	if _, err := b.s.Requeue("w1", again); err != nil {
+		t.Fatal(err)
+	}
+	if a := one(t, b.s.Rebalance().Assigned); a.Task != again || again.Attempt != 2 || again.AttemptNumber() != 3 {
+		t.Fatalf("restarted as %+v, start %d numbered %d; want start 2 numbered 3", a, again.Attempt, again.AttemptNumber())
+	}
+	out, err := b.s.Requeue("w1", again)
+	if err != nil || len(out.Failed) != 1 || out.Failed[0].Reason != FailAttempts {
+		t.Fatalf("second refusal: %+v %v, want FailAttempts after the new run's 2 starts", out, err)
+	}
+
+	if _, ok := b.s.EndOverrun("w1", "x", 2, Observation{}); ok {
+		t.Fatal("a result numbered 2 (the new run's) ended the overrun attempt 1")
+	}
+	if _, ok := b.s.EndOverrun("w1", "x", 1, Observation{}); !ok {
+		t.Fatal("the overrun attempt's late result did not end it")
+	}
+	third := &Task{ID: "x", Label: "a"}
+	one(t, b.submit(third))
+	if third.AttemptNumber() != 1 {
+		t.Fatalf("with no overrun attempt of x held, a new run is numbered %d, want 1", third.AttemptNumber())
+	}
+	check(t, b.s)
+}
+
+// A stand-in that goes with its worker no longer moves the numbering of the id.
+func TestRemovedWorkerEndsAnOverrunAttemptsNumbering(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	b.worker("w1", 1, 1, "a")
+	one(t, b.submit(&Task{ID: "x", Label: "a", Deadline: b.clock.now.Add(time.Second)}))
+	b.clock.advance(10 * time.Second)
+	b.s.ExpireRunning(5 * time.Second)
+	if _, err := b.s.RemoveWorker("w1"); err != nil {
+		t.Fatal(err)
+	}
+	b.worker("w2", 1, 1, "a")
+	again := &Task{ID: "x", Label: "a"}
+	one(t, b.submit(again))
+	if again.AttemptNumber() != 1 {
+		t.Fatalf("new run numbered %d after the overrun attempt's worker left, want 1", again.AttemptNumber())
+	}
+	check(t, b.s)
+}
+
 // Rule 6 at submission: a task whose deadline has already passed (the owner set it
 // before a slow journal write) fails with FailDeadline, with no load or eviction.
 func TestSubmitFailsTaskWhoseDeadlineHasPassed(t *testing.T) {

@@ -21,8 +21,14 @@ type Task struct {
 	Label string
 	// Deadline after which a queued task fails; zero means none.
 	Deadline time.Time
-	// Attempt counts the starts so far; the first assignment makes it 1.
+	// Attempt counts the starts so far; the first assignment makes it 1. MaxAttempts
+	// bounds it.
 	Attempt int
+	// AttemptBase is what AttemptNumber adds to Attempt. Submit sets it: 0, unless an
+	// earlier run of the same id still holds a slot after it overran (see
+	// ExpireRunning), in which case it is the highest attempt number such runs were given.
+	// The owner keeps it with the task, as it keeps Attempt.
+	AttemptBase int
 	// Enqueued is when Submit was called; Started when the current attempt began.
 	Enqueued time.Time
 	Started  time.Time
@@ -51,6 +57,15 @@ type Task struct {
 	// or in its runningDeadline heap while it runs (never both); -1 when in neither.
 	heapIdx int
 }
+
+// AttemptNumber names the current attempt to its worker: Attempt, above the attempts
+// of earlier runs of the id that may still be running there. A worker told a number it
+// is still running takes the assignment for a duplicate and ignores it, and that run's
+// late result would match the new attempt; so a run submitted while an overrun one of
+// the same id holds a slot numbers its attempts after it. Only the number moves:
+// MaxAttempts counts this run's starts (Attempt) alone, so the new run has as many
+// starts as any other.
+func (t *Task) AttemptNumber() int { return t.AttemptBase + t.Attempt }
 
 // Queued reports whether the task is waiting in the queue.
 func (t *Task) Queued() bool { return t.state == stateQueued }
