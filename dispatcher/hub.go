@@ -526,7 +526,7 @@ func (h *hub) apply(out *scheduler.Outcome) {
 		}
 		h.assignment = pb.TaskAssignment{
 			TaskId:         a.Task.ID,
-			Attempt:        uint32(a.Task.Attempt),
+			Attempt:        uint32(a.Task.AttemptNumber()), // after an overrun run's of the id, if one is held
 			TaskType:       rec.taskType,
 			Label:          a.Task.Label,
 			ParametersJson: rec.params,
@@ -661,11 +661,11 @@ func (h *hub) tick() {
 // holds mu.
 func (h *hub) overran(f scheduler.Failure) string {
 	h.log.Warn().Str("task_id", f.Task.ID).Str("worker_id", f.WorkerID).Str("label", f.Task.Label).
-		Int("attempt", f.Task.Attempt).Time("deadline", f.Task.Deadline).
+		Int("attempt", f.Task.AttemptNumber()).Time("deadline", f.Task.Deadline).
 		Msg("worker overran the task's deadline and did not answer; task failed with 504, attempt cancelled")
 	if wc := h.workers[f.WorkerID]; wc != nil {
 		h.sendControl(wc, &pb.Envelope{Body: &pb.Envelope_Cancel{Cancel: &pb.Cancel{
-			TaskId: f.Task.ID, Attempt: uint32(f.Task.Attempt), Reason: "deadline overrun: the dispatcher answered the task"}}})
+			TaskId: f.Task.ID, Attempt: uint32(f.Task.AttemptNumber()), Reason: "deadline overrun: the dispatcher answered the task"}}})
 	}
 	return fmt.Sprintf("deadline exceeded: worker %q overran it by %v and did not answer; its attempt was cancelled",
 		f.WorkerID, overrunGrace)
@@ -778,7 +778,7 @@ func (h *hub) onResult(wc *workerConn, res *pb.TaskResult) {
 		return
 	}
 	rec := h.active[res.GetTaskId()]
-	if rec == nil || rec.sched.WorkerID() != wc.id || uint32(rec.sched.Attempt) != res.GetAttempt() {
+	if rec == nil || rec.sched.WorkerID() != wc.id || uint32(rec.sched.AttemptNumber()) != res.GetAttempt() {
 		if h.endOverrun(wc, res) {
 			return
 		}
@@ -1114,7 +1114,7 @@ func (h *hub) failAll(reason string) (failed, kept int) {
 			// or the journal runs it again at the next start.
 			if wc := h.workers[workerID]; wc != nil {
 				h.sendControl(wc, &pb.Envelope{Body: &pb.Envelope_Cancel{Cancel: &pb.Cancel{
-					TaskId: rec.sched.ID, Attempt: uint32(rec.sched.Attempt), Reason: reason}}})
+					TaskId: rec.sched.ID, Attempt: uint32(rec.sched.AttemptNumber()), Reason: reason}}})
 			}
 		}
 		if rec.journaled {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/smartroute/smartroute/proto/frame"
 	pb "github.com/smartroute/smartroute/proto/smartroutev1"
 )
 
@@ -134,5 +135,58 @@ func TestOverrunAnswerIsJournaled(t *testing.T) {
 	second.post("/run-task", `{"task_id":"probe","task_type":"x","label":"m","return_result":false}`)
 	if a := w2.assignment(); a.TaskId != "probe" {
 		t.Fatalf("w2 was given %s, want probe: the answered task ran again", a.TaskId)
+	}
+}
+
+// A task id run again while an overrun attempt of it still holds its worker's slot
+// (its 504 has left the retention): the new run's attempt is numbered after the
+// overrun one, so the agent does not ignore it as a duplicate of the attempt it still
+// runs, and that attempt's late result frees its slot instead of answering the new
+// run. The new run counts its own starts in its view and in the journal, whose answer
+// for the id is the new run's after a restart.
+func TestResubmissionIsNotAnsweredByAnOverrunAttemptsLateResult(t *testing.T) {
+	dir := t.TempDir()
+	clock := &testClock{now: time.Now()}
+	b := setup(t, Config{DataDir: dir, Clock: clock, TaskRetention: time.Minute})
+	t.Cleanup(func() { b.d.Close() })
+	w := b.dialHello(&pb.Hello{ProtocolVersion: frame.ProtocolVersion, WorkerId: "w1", MaxLabels: 2, Slots: 2, HeldLabels: []string{"m"}})
+	if code, _ := b.post("/run-task", `{"task_id":"x","task_type":"t","label":"m","timeout_ms":1000,"return_result":false}`); code != 202 {
+		t.Fatalf("submit: %d", code)
+	}
+	old := overrun(t, b, clock, w, "x") // 504 and a Cancel; the backend call goes on
+	clock.advance(2 * time.Minute)      // the 504 leaves the retention
+	b.d.hub.tick()
+	if code, _ := b.get("/tasks/x"); code != 404 {
+		t.Fatalf("GET /tasks/x after the retention: %d, want 404", code)
+	}
+
+	if code, v := b.post("/run-task", `{"task_id":"x","task_type":"t","label":"m","return_result":false}`); code != 202 {
+		t.Fatalf("resubmission: %d %v", code, v)
+	}
+	again := w.assignment() // w1's other slot
+	if again.TaskId != "x" || again.Attempt != old.Attempt+1 {
+		t.Fatalf("new run of x sent as attempt %d, want %d: attempt %d of x still runs on w1 after it overran",
+			again.Attempt, old.Attempt+1, old.Attempt)
+	}
+	if _, v := b.get("/tasks/x"); v["status"] != "running" || v["attempts"] != 1.0 {
+		t.Fatalf("GET /tasks/x: %v, want running, 1 attempt (the new run's own starts)", v)
+	}
+	// Results are read in order: the late one is dealt with before the new run's.
+	w.finish(old, true, `"late result of the first run"`)
+	w.finish(again, true, `"second run"`)
+	b.answered("x")
+	if _, v := b.get("/tasks/x"); v["status"] != "completed" || v["result"] != "second run" || v["attempts"] != 1.0 {
+		t.Fatalf("GET /tasks/x: %v, want completed with the second run's result", v)
+	}
+	if d := b.d.hub.workerDetails(); len(d) != 1 || d[0].Running != 0 {
+		t.Fatalf("worker detail %+v, want w1 running nothing: both attempts answered", d)
+	}
+	if err := b.d.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	after := setupJournaled(t, dir, clock)
+	if code, v := after.get("/tasks/x"); code != 200 || v["status"] != "completed" || v["result"] != "second run" || v["attempts"] != 1.0 {
+		t.Fatalf("GET /tasks/x after a restart: %d %v, want the second run's answer", code, v)
 	}
 }
