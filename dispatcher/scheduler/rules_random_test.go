@@ -23,6 +23,7 @@ type ruleRun struct {
 	b      *bundle
 	r      *rand.Rand
 	over   *rand.Rand // draws the overrun calls (see overruns)
+	unsent *rand.Rand // draws the assignments withdrawn (see withdraw)
 	tasks  []*Task
 	log    []string // the calls so far
 	trace  []string // what their Outcomes decided
@@ -421,6 +422,34 @@ func (f *ruleRun) inFlight(id string) bool {
 	return false
 }
 
+// withdraw takes back, now and then, an assignment of out as the owner does one it
+// does not send (a journaled task during shutdown), and reports whether it did: the
+// freed slot is refilled by the next call.
+func (f *ruleRun) withdraw(out *Outcome) bool {
+	s, withdrew := f.b.s, false
+	for _, a := range out.Assigned {
+		if f.unsent.IntN(8) != 0 {
+			continue
+		}
+		call := fmt.Sprintf("Withdraw(%s on %s, load %v, evict %q)", a.Task.ID, a.WorkerID, a.Load, a.EvictLabel)
+		f.log = append(f.log, call)
+		f.trace = append(f.trace, fmt.Sprintf("%s<%s", a.Task.ID, a.WorkerID))
+		if !s.Withdraw(a) {
+			f.fail("%s: the assignment of this Outcome is not running", call)
+		}
+		w := s.workers[a.WorkerID]
+		if i := w.find(a.Task.Label); a.Load && i >= 0 && w.held[i].inUse == 0 {
+			f.fail("%s: %s's view keeps %s, which no attempt uses and it was never told to load", call, a.WorkerID, a.Task.Label)
+		}
+		if a.EvictLabel != "" && w.find(a.EvictLabel) < 0 && len(w.held) < w.capacity {
+			f.fail("%s: %s has room and its view lacks %s, which it was never told to evict", call, a.WorkerID, a.EvictLabel)
+		}
+		check(f.t, s)
+		withdrew = true
+	}
+	return withdrew
+}
+
 // finishStep records call and what its Outcome decided, checks the Outcome and the
 // indexes, and, unless a call since the last Rebalance may have left work for the
 // next, that no wake-up was lost.
@@ -435,6 +464,7 @@ func (f *ruleRun) finishStep(call string, before ruleSnapshot, out *Outcome, pen
 			f.trace = append(f.trace, fmt.Sprintf("%sx%d", fl.Task.ID, fl.Reason))
 		}
 		f.checkOutcome(call, before, out)
+		pending = f.withdraw(out) || pending
 	}
 	check(f.t, s)
 	f.pending = f.pending || pending
@@ -447,7 +477,8 @@ func (f *ruleRun) finishStep(call string, before ruleSnapshot, out *Outcome, pen
 // Outcomes' decisions, and a violation with the calls that led to it, or "".
 func runRules(t *testing.T, cfg Config, seed uint64, steps int) (trace []string, violation string) {
 	cfg.Seed, cfg.MaxAttempts, cfg.FleetSettle = seed, 2, time.Second
-	f := &ruleRun{t: t, b: setup(t, cfg), r: rand.New(rand.NewPCG(seed, 99)), over: rand.New(rand.NewPCG(seed, 7))}
+	f := &ruleRun{t: t, b: setup(t, cfg), r: rand.New(rand.NewPCG(seed, 99)), over: rand.New(rand.NewPCG(seed, 7)),
+		unsent: rand.New(rand.NewPCG(seed, 13))}
 	defer func() {
 		if v := recover(); v != nil {
 			rv, ok := v.(ruleViolation)

@@ -295,12 +295,12 @@ type Scheduler struct {
 	offerBuf []*worker
 
 	// wakeWorkers are workers whose reservation went with its task (the task left the
-	// queue), and wakeLabels labels whose queued tasks lost their last active holder
-	// (evicted, doomed, gone), during the call in progress or a call that returns no
-	// Outcome (Cancel, Abandon). settle, at the end of the next call that returns one,
-	// fills the workers and offers each label's oldest tasks for a load: without it they
-	// waited for a Rebalance to reach them, which visits only rebalanceTries free
-	// workers per call.
+	// queue) or whose slot a withdrawn assignment freed, and wakeLabels labels whose
+	// queued tasks lost their last active holder (evicted, doomed, gone), during the
+	// call in progress or a call that returns no Outcome (Cancel, Abandon, Withdraw).
+	// settle, at the end of the next call that returns one, fills the workers and
+	// offers each label's oldest tasks for a load: without it they waited for a
+	// Rebalance to reach them, which visits only rebalanceTries free workers per call.
 	wakeWorkers []*worker
 	wakeLabels  []string
 }
@@ -723,6 +723,50 @@ func (s *Scheduler) Abandon(t *Task) bool {
 	return true
 }
 
+// Withdraw takes back an assignment of an Outcome that the owner did not send (during
+// shutdown, a journaled task it lets go of instead), as though it had not been made:
+// the start is not counted, the copy of the label it was to load goes unless another
+// attempt uses it, and the label it named for eviction, which the worker still holds,
+// is back in the worker's view. The task is done with, as after Abandon. Withdraw
+// returns no Outcome, the owner being in the middle of acting on one: the next call's
+// refills the freed slot. It reports false when a.Task is not running on a.WorkerID.
+func (s *Scheduler) Withdraw(a Assignment) bool {
+	t, w := a.Task, a.Task.worker
+	if t.state != stateRunning || w == nil || w.id != a.WorkerID {
+		return false
+	}
+	i := w.runningIndex(t)
+	if i < 0 {
+		return false
+	}
+	// Only a load this assignment asked for is one that never started: a copy it
+	// joined waits for a load an assignment that was sent asked for.
+	s.takeBack(w, i, t, a.Load)
+	t.Attempt--
+	t.state = stateDone
+	if a.EvictLabel != "" {
+		s.unevict(w, a.EvictLabel)
+	}
+	s.wakeWorkers = append(s.wakeWorkers, w)
+	return true
+}
+
+// unevict puts label back in w's view: an assignment that named it for eviction was
+// not sent. Not when w has no room (the copy the assignment was to load stays while
+// another attempt uses it) or holds the label again (a later assignment of the same
+// Outcome loads it). It comes back as it left, the first to go: least recently used,
+// not fresh.
+func (s *Scheduler) unevict(w *worker, label string) {
+	delete(w.evictsAsked, label)
+	if w.find(label) >= 0 || len(w.held) >= w.capacity {
+		return
+	}
+	s.addHeld(w, label, false)
+	h := w.held[len(w.held)-1]
+	h.lastUse, h.loadedAt = 0, time.Time{}
+	s.refreshFree(w)
+}
+
 // Requeue takes back an attempt the worker refused without running it (draining, no
 // free slot, backend down): the task goes to the front of the queue and may start
 // elsewhere at once. Refused attempts count towards MaxAttempts, so a task cannot
@@ -755,7 +799,7 @@ func (s *Scheduler) Requeue(workerID string, t *Task) (*Outcome, error) {
 
 // Expire fails every queued task whose deadline has passed. Its Outcome may assign
 // tasks too: to a worker that was freeing a label for a task that expired, say, or
-// that a call returning no Outcome (Cancel, Abandon) left able to take one.
+// that a call returning no Outcome (Cancel, Abandon, Withdraw) left able to take one.
 func (s *Scheduler) Expire() *Outcome {
 	out := s.reset()
 	s.expireDue()

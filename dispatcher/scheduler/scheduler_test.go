@@ -1205,6 +1205,71 @@ func TestRemovedWorkerEndsAnOverrunAttemptsNumbering(t *testing.T) {
 	check(t, b.s)
 }
 
+// An assignment the owner withdraws instead of sending leaves the worker's view as the
+// worker has it: the label it was to load is not held, the label it named for eviction
+// is, and the start is not counted. The freed slot takes a queued task in the next
+// call, with no load: the worker holds its label.
+func TestWithdrawnAssignmentLeavesTheWorkersViewAsBefore(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	b.worker("w", 1, 1, "n")
+	tm := b.task("m")
+	a := one(t, b.submit(tm))
+	if !a.Load || a.EvictLabel != "n" {
+		t.Fatalf("got %+v, want m loading with n evicted", a)
+	}
+	tn := b.task("n")
+	none(t, b.submit(tn)) // w's one slot is taken
+
+	if !b.s.Withdraw(a) {
+		t.Fatal("Withdraw of a running assignment reported false")
+	}
+	if tm.Running() || tm.Queued() || tm.Attempt != 0 {
+		t.Fatalf("withdrawn task: running %v, queued %v, %d starts; want it done, never started", tm.Running(), tm.Queued(), tm.Attempt)
+	}
+	if v, _ := b.s.Worker("w"); v.Running != 0 || !slices.Equal(v.Labels, []string{"n"}) {
+		t.Fatalf("w's view %+v, want [n] and nothing running: it never heard of m", v)
+	}
+	w := b.s.workers["w"]
+	if len(w.loadsAsked) != 0 || len(w.evictsAsked) != 0 {
+		t.Fatalf("loads asked %v, evictions asked %v; want none: the assignment was not sent", w.loadsAsked, w.evictsAsked)
+	}
+	check(t, b.s)
+	if b.s.Withdraw(a) {
+		t.Fatal("a second Withdraw of the same assignment reported true")
+	}
+	if a := one(t, b.s.Expire().Assigned); a.Task != tn || a.Load || a.EvictLabel != "" {
+		t.Fatalf("the freed slot took %+v, want %s on the n w holds", a, tn.ID)
+	}
+	check(t, b.s)
+}
+
+// A withdrawn assignment that joined a copy another assignment is loading leaves that
+// load alone: the assignment that asked for it was sent.
+func TestWithdrawnAssignmentKeepsALoadItJoined(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	b.worker("w", 2, 2)
+	if a := one(t, b.submit(b.task("m"))); !a.Load {
+		t.Fatalf("got %+v, want a load of m", a)
+	}
+	joined := one(t, b.submit(b.task("m")))
+	if joined.Load {
+		t.Fatalf("got %+v, want the second task to join the pending load", joined)
+	}
+	if !b.s.Withdraw(joined) {
+		t.Fatal("Withdraw reported false")
+	}
+	w := b.s.workers["w"]
+	if i := w.find("m"); i < 0 || w.held[i].doomed || !w.held[i].pending {
+		t.Fatal("the pending copy of m was dropped or doomed with the withdrawn assignment that joined it")
+	}
+	if _, asked := w.loadsAsked["m"]; !asked {
+		t.Fatal("the load of m is no longer counted as asked")
+	}
+	check(t, b.s)
+}
+
 // Rule 6 at submission: a task whose deadline has already passed (the owner set it
 // before a slow journal write) fails with FailDeadline, with no load or eviction.
 func TestSubmitFailsTaskWhoseDeadlineHasPassed(t *testing.T) {
