@@ -495,7 +495,7 @@ func (h *hub) journaledAnswer(id string) *taskRecord {
 
 // apply acts on a scheduler outcome. Caller holds mu.
 func (h *hub) apply(out *scheduler.Outcome) {
-	released := false
+	released, withdrew := false, false
 	for _, a := range out.Assigned {
 		rec := a.Task.Ref.(*taskRecord)
 		if rec.finished() {
@@ -504,15 +504,15 @@ func (h *hub) apply(out *scheduler.Outcome) {
 			h.log.Error().Str("task_id", a.Task.ID).Msg("assignment of a finished task")
 			continue
 		}
-		if h.closing && rec.journaled && h.sched.Abandon(&rec.sched) {
+		if h.closing && rec.journaled && h.sched.Withdraw(a) {
 			// A journaled task back from its worker (lost, or refusing it) during
 			// shutdown goes to the journal for the next start, as releaseRequeued lets
 			// go of one still queued; the scheduler may have placed it on another
-			// worker in the same outcome. Taken back before its assignment goes out,
-			// it was not started again.
-			rec.sched.Attempt--
+			// worker in the same outcome. Withdrawn before its assignment goes out, it
+			// was not started again, and the worker's view is as the worker has it:
+			// no load of the task's label, no eviction for it.
 			h.releaseLocked(rec)
-			released = true
+			released, withdrew = true, true
 			continue
 		}
 		rec.workerID = a.WorkerID
@@ -574,6 +574,11 @@ func (h *hub) apply(out *scheduler.Outcome) {
 	}
 	if len(h.running) > 0 || released {
 		h.releaseRequeued()
+	}
+	if withdrew {
+		// The slots the withdrawn assignments took are free: another queued task may
+		// take one now rather than at the next tick. out is not read again.
+		h.apply(h.sched.Expire())
 	}
 }
 
