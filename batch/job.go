@@ -847,19 +847,24 @@ func (j *job) handle(r report) {
 		j.retry = append(j.retry, it)
 	default:
 		// Only the task's failed answer (its view, status "failed") is kept by the
-		// dispatcher under the id, so only that moves the item to a fresh id. Any other
-		// error keeps nothing under it, or says the run goes on: the dispatcher's 504
-		// "deadline exceeded; task ... is still running" (a worker overran the deadline
-		// and has not reported), or a proxy's 502/504 while the dispatcher holds the
-		// task. A fresh id would run it a second time and lose the first run's result;
+		// dispatcher under the id, so only that moves the item to a fresh id. That
+		// includes the 504 for a worker that overran the deadline by 5 s without
+		// reporting ("deadline exceeded: worker ... overran it ..."): the dispatcher fails
+		// the task and cancels the attempt, so the fresh id runs it again and nothing is
+		// lost. Any other 5xx keeps nothing under the id, or says the run goes on: a
+		// proxy's 502/504 while the dispatcher holds the task, or the bare 504
+		// "deadline exceeded; task ... is still running" of dispatchers from before they
+		// failed overrun tasks (still handled for them, by this rule: no code of its
+		// own). A fresh id would run it a second time and lose the first run's result;
 		// the same id attaches to that run, or gets its kept answer.
 		if a.Status == "failed" {
 			it.failures++
 		}
 		// Issued again at once, it would likely fail the same way (a label in the
 		// dispatcher's cool-down fails every task within milliseconds, and says for how
-		// long in Retry-After; an overrun run answers 504 at once until it ends),
-		// spending the item's attempts.
+		// long in Retry-After; a backend that hung past one deadline may hang past the
+		// next; an older dispatcher answered an overrun run's attach with its 504 at
+		// once until the run ended), spending the item's attempts.
 		it.setbacks++
 		it.notBefore = time.Now().Add(max(min(j.cfg.RetryDelay<<min(it.setbacks-1, 10), 5*time.Minute), r.retryAfter))
 		j.failAttempt(it, fmt.Sprintf("dispatcher answered %d: %s", r.status, msg))

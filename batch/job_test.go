@@ -1001,13 +1001,15 @@ func failedView(req runTaskBody, msg string) string {
 	return string(b)
 }
 
-// The dispatcher answers a synchronous /run-task 504 in two ways. A task whose deadline
-// passed while queued, or whose worker reported it past its deadline, is failed: the
-// answer is its view, status "failed", kept under the id, so the item runs again under
-// a fresh id. A task whose worker overran the deadline and has not reported is still
-// running: the answer is a bare {"error"}, nothing is kept, and a fresh id would run it
-// a second time and lose the first run's result. The item is issued again under the
-// same id, which attaches to that run (here: gets its answer), after a wait.
+// A synchronous /run-task 504 comes in two forms. The dispatcher's own is a failed
+// task: its deadline passed while queued, its worker reported it past its deadline, or
+// its worker overran the deadline by 5 s without reporting (the dispatcher cancels that
+// attempt). The answer is its view, status "failed", kept under the id, so the item
+// runs again under a fresh id. A bare {"error"} (a proxy's 504 while the dispatcher
+// holds the task, or an older dispatcher's "still running" for an overrun run) keeps
+// nothing, and the run may go on: a fresh id would run it a second time and lose the
+// first run's result. The item is issued again under the same id, which attaches to
+// that run (here: gets its answer). Both are issued again only after the retry delay.
 func TestSync504KeepsTheTaskIDWhileTheRunGoesOn(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct {
@@ -1015,10 +1017,13 @@ func TestSync504KeepsTheTaskIDWhileTheRunGoesOn(t *testing.T) {
 		answer func(req runTaskBody) string
 		sameID bool
 	}{
-		{"still running", func(req runTaskBody) string {
+		{"older dispatcher, still running", func(req runTaskBody) string {
 			return `{"error":"deadline exceeded; task ` + req.TaskID + ` is still running"}`
 		}, true},
 		{"failed while queued", func(req runTaskBody) string { return failedView(req, "deadline exceeded while queued") }, false},
+		{"failed, worker overran", func(req runTaskBody) string {
+			return failedView(req, `deadline exceeded: worker "w1" overran it by 5s and did not answer; its attempt was cancelled`)
+		}, false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
@@ -1058,8 +1063,9 @@ func TestSync504KeepsTheTaskIDWhileTheRunGoesOn(t *testing.T) {
 	}
 }
 
-// A run that stays past its deadline answers 504 "still running" to every attach: the
-// item spends its attempts, all under the one id, and is rejected with the reason.
+// An older dispatcher's run that stays past its deadline answers 504 "still running" to
+// every attach: the item spends its attempts, all under the one id, and is rejected
+// with the reason.
 func TestSync504ForARunThatNeverEndsIsRejected(t *testing.T) {
 	t.Parallel()
 	f := newFakeDispatcher(t, func(_ context.Context, req runTaskBody, line, _ int) (int, string) {
