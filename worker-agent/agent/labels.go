@@ -61,7 +61,9 @@ type labelEntry struct {
 	loaded bool
 	pins   int // tasks running on the label or waiting for its load
 	// lost: a task's Run said the backend no longer holds the label while other
-	// tasks still used it; the last of them to let go drops it (see labelLease.lost).
+	// tasks still used it. It is off the books but for its room and their pins (no
+	// hit, not listed, EVICTED sent), and the last of them to let go drops it (see
+	// labelLease.lost).
 	lost bool
 	done chan struct{} // closed when the load ends, either way
 	err  error         // why the load failed
@@ -95,35 +97,54 @@ func (l *labelLease) release() { l.m.unpin(l.label, l.e) }
 // task runs on it, the label leaves the books as an eviction does (EVICTED), so that
 // the dispatcher stops sending its tasks here as hits and the room is free for
 // another label; it is unloaded first, in case a reload by another task put it back.
-// While other tasks run on it, the entry is marked lost and the last of them drops
-// it, however it ends: kept, the label would go on counting against capacity and be
-// listed in the next hello, with the dispatcher never told.
+//
+// While other tasks run on it, it leaves the books at once but for its room, which
+// the last of them frees however it ends: EVICTED goes out now (this task's result
+// says load_failed only if it was not cancelled meanwhile), the next hello leaves it
+// out, and a task that comes for it meanwhile waits to load it again (acquire), no
+// hit on a label the backend does not hold. Else the dispatcher would send its tasks
+// here as hits for as long as a task on it ran, a hung one for ever.
 func (l *labelLease) lost() {
 	m := l.m
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.entries[l.label] != l.e || l.e.pins == 0 {
+	e := l.e
+	if m.entries[l.label] != e || e.pins == 0 {
 		return
 	}
-	l.e.lost = true
-	l.e.pins--
-	if l.e.pins == 0 {
-		m.dropLostLocked(l.label)
+	e.pins--
+	switch {
+	case e.pins == 0:
+		m.dropLostLocked(l.label, e.lost)
+	case !e.lost:
+		e.lost = true
+		m.recency.Remove(l.label)
+		m.emit(&pb.LabelEvent{Kind: pb.LabelEvent_KIND_EVICTED, Label: l.label})
+		m.log.Warn().Str("event", "label_lost").Str("label", l.label).Int("tasks_on_it", e.pins).
+			Msg("backend lost the label; dropped, it is unloaded once the tasks still on it end")
 	}
 }
 
 // dropLostLocked takes label, lost and no longer used, off the books and unloads it,
-// reporting EVICTED once the unload is done. Its room is not free until then: a
-// failed unload puts the label back (keepLocked). Caller holds mu.
-func (m *labelManager) dropLostLocked(label string) {
+// reporting EVICTED once the unload is done unless announced says lost did already.
+// Its room is not free until then: a failed unload puts the label back (keepLocked),
+// and then an announced label is confirmed LOADED, as one a hello left out while
+// unloading is. Caller holds mu.
+func (m *labelManager) dropLostLocked(label string, announced bool) {
 	delete(m.entries, label)
 	m.recency.Remove(label)
 	m.unloading[label] = struct{}{}
+	if announced {
+		if m.confirmOnKeep == nil {
+			m.confirmOnKeep = make(map[string]struct{})
+		}
+		m.confirmOnKeep[label] = struct{}{}
+	}
 	m.freeing++
 	m.loads.Add(1)
 	go func() {
 		defer m.loads.Done()
-		_, err := m.evict(label, "")
+		_, err := m.unload(label, "", !announced)
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		m.freeing--
@@ -235,7 +256,7 @@ func (m *labelManager) held() []string {
 func (m *labelManager) confirmHeld(label string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if e := m.entries[label]; e != nil && e.loaded {
+	if e := m.entries[label]; e != nil && e.loaded && !e.lost {
 		m.emit(&pb.LabelEvent{Kind: pb.LabelEvent_KIND_LOADED, Label: label})
 		return
 	}
@@ -264,6 +285,18 @@ func (m *labelManager) acquire(ctx context.Context, label, evictHint string, tas
 			return nil, info, err // never start a load for a task that is over
 		}
 		m.mu.Lock()
+		if e := m.entries[label]; e != nil && e.lost {
+			// The backend lost it and tasks still run on it: wait until the last lets
+			// go and its unload ends, then load it again, a miss.
+			waited = true
+			if m.onWait != nil {
+				m.onWait(label)
+			}
+			if err := m.waitLocked(ctx); err != nil {
+				return nil, info, err
+			}
+			continue
+		}
 		if e := m.entries[label]; e != nil {
 			e.pins++
 			if e.loaded {
@@ -398,7 +431,7 @@ func (m *labelManager) unpin(label string, e *labelEntry) {
 	switch {
 	case e.pins > 0:
 	case e.lost: // an earlier task found it gone from the backend
-		m.dropLostLocked(label)
+		m.dropLostLocked(label, true)
 	default:
 		m.broadcastLocked()
 	}
@@ -475,6 +508,12 @@ func (m *labelManager) load(label string, e *labelEntry, victim string, task tas
 // backend.ErrUnloading), it returns that error and leaves label in unloading; the
 // caller must then call keepLocked.
 func (m *labelManager) evict(label, forLabel string) (time.Duration, error) {
+	return m.unload(label, forLabel, true)
+}
+
+// unload is evict, telling the dispatcher (EVICTED) only when announce is set: not
+// for a lost label it was told of already.
+func (m *labelManager) unload(label, forLabel string, announce bool) (time.Duration, error) {
 	start := time.Now()
 	err := m.backend.Unload(m.ctx, label)
 	d := time.Since(start)
@@ -486,7 +525,9 @@ func (m *labelManager) evict(label, forLabel string) (time.Duration, error) {
 	m.mu.Lock()
 	delete(m.unloading, label)
 	delete(m.confirmOnKeep, label)
-	m.emit(&pb.LabelEvent{Kind: pb.LabelEvent_KIND_EVICTED, Label: label, DurationUs: d.Microseconds()})
+	if announce {
+		m.emit(&pb.LabelEvent{Kind: pb.LabelEvent_KIND_EVICTED, Label: label, DurationUs: d.Microseconds()})
+	}
 	m.broadcastLocked()
 	m.mu.Unlock()
 	switch {

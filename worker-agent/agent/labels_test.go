@@ -399,20 +399,46 @@ func TestLabelKeptAfterAHelloLeftItOutIsConfirmed(t *testing.T) {
 	}
 }
 
-// A label the backend lost while other tasks ran on it leaves with the last of them,
-// however that one ends: kept, it would count against capacity and be listed in the
-// next hello, and the dispatcher, told load_failed by the first task, would never hear
-// of it again.
+// A label the backend lost while other tasks ran on it leaves the books at once
+// (EVICTED, not held), but its room only with the last of them, however that one ends:
+// kept, it would count against capacity and be listed in the next hello, and the
+// dispatcher would go on sending its tasks here as hits until that task ended.
 func TestLostLabelLeavesWithItsLastTask(t *testing.T) {
 	t.Parallel()
 	m, events := labelSetup(t, 1, backendtest.New())
+	onWait, waited := hook(t)
+	m.onWait = onWait
 	first, _ := mustAcquire(t, m, "a", "")
 	second, _ := mustAcquire(t, m, "a", "")
 	first.lost()
-	if got := m.held(); !slices.Equal(got, []string{"a"}) {
-		t.Fatalf("held %q while a task still runs on a, want a", got)
+	if got := m.held(); len(got) != 0 {
+		t.Fatalf("held %q once a was lost, want none", got)
+	}
+	if want, got := []string{"LOADING a", "LOADED a", "EVICTED a"}, events(); !slices.Equal(got, want) {
+		t.Fatalf("events %q once a was lost, want %q", got, want)
+	}
+	b := goAcquire(t.Context(), m, "b", "")
+	if l := waited(); l != "b" {
+		t.Fatalf("waited for %q, want b: a's room is taken while a task runs on it", l)
 	}
 	second.release() // as a task does that ends another way (cancelled, say)
+	r := await(t, b)
+	if r.err != nil || !r.info.miss || r.info.evicted != "" {
+		t.Fatalf("acquire b %+v, %v: want a load into a's freed room", r.info, r.err)
+	}
+	r.lease.release()
+	m.wait()
+	if want, got := []string{"LOADING a", "LOADED a", "EVICTED a", "LOADING b", "LOADED b"}, events(); !slices.Equal(got, want) {
+		t.Errorf("events %q, want %q: EVICTED a once", got, want)
+	}
+}
+
+// As above, with only the one task on a: the label leaves with it, once unloaded.
+func TestLostLabelOfOneTaskLeavesWithIt(t *testing.T) {
+	t.Parallel()
+	m, events := labelSetup(t, 1, backendtest.New())
+	first, _ := mustAcquire(t, m, "a", "")
+	first.lost()
 	m.wait()
 	if got := m.held(); len(got) != 0 {
 		t.Errorf("held %q after the last task on the lost label let go, want none", got)
@@ -425,5 +451,27 @@ func TestLostLabelLeavesWithItsLastTask(t *testing.T) {
 	l.release()
 	if !info.miss || info.evicted != "" {
 		t.Errorf("acquire b %+v, want a load into free room", info)
+	}
+}
+
+// A label the dispatcher was told is lost (EVICTED while another task ran on it) whose
+// unload then fails stays on the books, loaded: the dispatcher must hear LOADED, as
+// for a label a hello left out while its unload ran, or its view lacks a label this
+// worker counts against --max-labels.
+func TestLostLabelKeptAfterAFailedUnloadIsConfirmed(t *testing.T) {
+	t.Parallel()
+	fake := backendtest.New()
+	fake.OnUnload = func(context.Context, string) error { return errors.New("unload refused") }
+	m, events := labelSetup(t, 1, fake)
+	first, _ := mustAcquire(t, m, "a", "")
+	second, _ := mustAcquire(t, m, "a", "")
+	first.lost()
+	second.release()
+	m.wait()
+	if got := m.held(); !slices.Equal(got, []string{"a"}) {
+		t.Errorf("held %q after the lost label's unload failed, want a", got)
+	}
+	if want, got := []string{"LOADING a", "LOADED a", "EVICTED a", "LOADED a"}, events(); !slices.Equal(got, want) {
+		t.Errorf("events %q, want %q", got, want)
 	}
 }

@@ -119,3 +119,106 @@ func TestLostLabelLeavesWhenItsTaskWasCancelled(t *testing.T) {
 	}
 	checkLabelLeft(t, h, p)
 }
+
+// The backend loses a while t2 still runs on it. The dispatcher must hear EVICTED at
+// once, not when t2 ends: t1's result says load_failed only when t1 was not cancelled
+// meanwhile, and until it hears, it sends a's tasks here as hits. A task that comes for
+// a all the same (its assignment crossed the event) is no hit on a label the backend
+// does not hold: it waits for t2 to let go of a and loads a again, a miss.
+func TestLostLabelIsAnnouncedAtOnceAndTakesNoNewHit(t *testing.T) {
+	t.Parallel()
+	g1, g2 := newGate(t), newGate(t)
+	fake := backendtest.New()
+	fake.OnRun = func(ctx context.Context, task backend.Task) ([]byte, error) {
+		switch task.ID {
+		case "t1":
+			if err := g1.hold(ctx, task.ID); err != nil {
+				return nil, err
+			}
+			return nil, errLost
+		case "t2":
+			return []byte(`{}`), g2.hold(ctx, task.ID)
+		}
+		return []byte(`{}`), nil
+	}
+	onWait, waited := signal(t)
+	h := setup(t, withFake(fake), withConfig(func(c *agent.Config) {
+		c.Slots, c.MaxLabels = 3, 2
+		agent.SetLabelHooks(c, nil, onWait)
+	}))
+	p := h.connect()
+	p.assign(&pb.TaskAssignment{TaskId: "t1", Label: "a"})
+	g1.waitStarted(t)
+	p.assign(&pb.TaskAssignment{TaskId: "t2", Label: "a"})
+	g2.waitStarted(t)
+	g1.open()
+	if r := p.result(); r.GetTaskId() != "t1" || !r.GetLoadFailed() {
+		t.Fatalf("t1 %v, want load_failed", r)
+	}
+	p.event(pb.LabelEvent_KIND_EVICTED, "a") // t2 is still held: only an event sent at once comes
+
+	p.assign(&pb.TaskAssignment{TaskId: "t3", Label: "a"})
+	if l := waited(); l != "a" {
+		t.Fatalf("t3 waited for %q, want a", l)
+	}
+	g2.open()
+	results := map[string]*pb.TaskResult{} // t3 may answer first: t2's result goes out after it lets go of a
+	for range 2 {
+		r := p.result()
+		results[r.GetTaskId()] = r
+	}
+	if r := results["t2"]; !r.GetOk() {
+		t.Fatalf("t2 %v, want ok", r)
+	}
+	if r := results["t3"]; !r.GetOk() || !r.GetLabelMiss() {
+		t.Fatalf("t3 %v, want ok with a label miss", r)
+	}
+	if got := fake.Loads("a"); got != 2 {
+		t.Errorf("a loaded %d times, want 2: once for t1, again for t3 once t2 let go of it", got)
+	}
+	if got := h.fake.Unloads(); !slices.Equal(got, []string{"a"}) {
+		t.Errorf("unloads %q, want a (the lost copy, before t3's load)", got)
+	}
+	if got := count(p.eventKinds(), "EVICTED a"); got != 1 {
+		t.Errorf("events %q: EVICTED a %d times, want once", p.eventKinds(), got)
+	}
+}
+
+// A connection lost while a task whose backend call ignores cancellation still runs on
+// a lost label: the next hello must not list that label, or the new dispatcher sends
+// its tasks here as hits.
+func TestLostLabelIsNotInTheNextHello(t *testing.T) {
+	t.Parallel()
+	g1, g2 := newGate(t), newGate(t)
+	fake := backendtest.New()
+	fake.OnRun = func(ctx context.Context, task backend.Task) ([]byte, error) {
+		switch task.ID {
+		case "t1":
+			if err := g1.hold(ctx, task.ID); err != nil {
+				return nil, err
+			}
+			return nil, errLost
+		case "t2":
+			return []byte(`{}`), g2.hold(context.Background(), task.ID) // ignores cancellation
+		}
+		return []byte(`{}`), nil
+	}
+	h := setup(t, withFake(fake), withConfig(func(c *agent.Config) { c.Slots, c.MaxLabels = 2, 2 }))
+	t.Cleanup(g2.open) // before the harness's cleanup, which waits for the hung t2
+	p := h.connect()
+	p.run("t0", "b", "") // b stays held
+	p.assign(&pb.TaskAssignment{TaskId: "t1", Label: "a"})
+	g1.waitStarted(t)
+	p.assign(&pb.TaskAssignment{TaskId: "t2", Label: "a"})
+	g2.waitStarted(t)
+	g1.open()
+	if r := p.result(); r.GetTaskId() != "t1" || !r.GetLoadFailed() {
+		t.Fatalf("t1 %v, want load_failed", r)
+	}
+	_ = p.conn.NetConn().Close()
+	p2 := h.connect()
+	if got := p2.hello.GetHeldLabels(); !slices.Equal(got, []string{"b"}) {
+		t.Errorf("hello holds %q, want only b: a is lost, only the hung t2 still uses it", got)
+	}
+	g2.open()
+}
