@@ -649,7 +649,7 @@ func (a *agent) readLoop(s *session) {
 		case *pb.Envelope_Assignment:
 			a.assign(s, body.Assignment)
 		case *pb.Envelope_Cancel:
-			a.cancel(body.Cancel)
+			a.cancel(s, body.Cancel)
 		case *pb.Envelope_Drain:
 			a.beginDrain("dispatcher asked: " + body.Drain.GetReason())
 		case *pb.Envelope_Welcome:

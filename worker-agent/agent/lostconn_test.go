@@ -145,3 +145,40 @@ func TestShutdownDoesNotWaitForALostAttempt(t *testing.T) {
 		t.Errorf("drained logged %d times and the drain's cancel %d times; want 1 and 0", drained, cancelled)
 	}
 }
+
+// A backend call that ignores cancellation still runs attempt 1 of t1 when the
+// connection is lost. The dispatcher that the agent reconnects to may number the next
+// run of t1 from 1 again: it forgets an overrun attempt's number when its worker
+// leaves, and a restarted one never knew it. That assignment, on the new connection,
+// is a new attempt, not a duplicate of the abandoned one, whose result nobody will
+// read: ignored, it never ran and was never answered, and the task failed with 504 at
+// its deadline.
+func TestSameAttemptOnANewConnectionIsNoDuplicate(t *testing.T) {
+	t.Parallel()
+	g := newGate(t)
+	var calls atomic.Int32
+	fake := backendtest.New()
+	fake.OnRun = func(ctx context.Context, task backend.Task) ([]byte, error) {
+		if calls.Add(1) == 1 {
+			return []byte(`{}`), g.hold(context.Background(), task.ID) // hung: ignores cancellation
+		}
+		return []byte(`{}`), nil
+	}
+	h := setup(t, withFake(fake))
+	t.Cleanup(g.open) // before the harness's cleanup, which waits for the hung call
+	p := h.connect()
+	p.assign(&pb.TaskAssignment{TaskId: "t1", Label: "a", Attempt: 1})
+	g.waitStarted(t)
+	_ = p.conn.NetConn().Close()
+
+	p2 := h.connect()
+	p2.assign(&pb.TaskAssignment{TaskId: "t1", Label: "a", Attempt: 1})
+	r := p2.result()
+	g.open()
+	if r.GetTaskId() != "t1" || r.GetAttempt() != 1 || !r.GetOk() {
+		t.Fatalf("result %v, want t1 attempt 1 ok", r)
+	}
+	if got := calls.Load(); got != 2 {
+		t.Errorf("%d backend runs, want 2: the hung one and the new attempt", got)
+	}
+}

@@ -28,10 +28,15 @@ func (e *cancelledError) Error() string {
 	return "cancelled: " + e.reason
 }
 
-// taskKey names one attempt of a task.
+// taskKey names one attempt of a task on the session it was assigned on. Numbers are
+// the dispatcher's, and they may come again on a new connection: a dispatcher forgets
+// the number of an attempt its worker overran when the worker leaves, and a restarted
+// one never knew it, while the abandoned attempt may still be in a backend call that
+// ignores cancellation.
 type taskKey struct {
 	id      string
 	attempt uint32
+	session uint64
 }
 
 // runningTask is an attempt in flight; the entry lives in agent.tasks until its result
@@ -182,7 +187,7 @@ func (o outcome) metricResult(delivered bool) string {
 // the reader and never blocks.
 func (a *agent) assign(s *session, asg *pb.TaskAssignment) {
 	received := time.Now()
-	key := taskKey{id: asg.GetTaskId(), attempt: asg.GetAttempt()}
+	key := taskKey{id: asg.GetTaskId(), attempt: asg.GetAttempt(), session: s.id}
 	var refusal string
 	// Refusals of a well-formed assignment say so, so that the dispatcher requeues the
 	// task instead of failing it; a malformed one is the task's own error.
@@ -468,20 +473,21 @@ func frameText(s string) string {
 // the dispatcher accepts.
 const maxFrameText = 2 << 10
 
-// cancel ends the attempt a Cancel frame names; attempt 0 means every attempt.
-func (a *agent) cancel(c *pb.Cancel) {
+// cancel ends the attempt a Cancel frame received on s names; attempt 0 means every
+// attempt. Only s's: another session's attempts are abandoned already.
+func (a *agent) cancel(s *session, c *pb.Cancel) {
 	cause := &cancelledError{reason: c.GetReason()}
 	a.mu.Lock()
 	n := 0
 	for key, rt := range a.tasks {
-		if key.id == c.GetTaskId() && (c.GetAttempt() == 0 || key.attempt == c.GetAttempt()) {
+		if key.session == s.id && key.id == c.GetTaskId() && (c.GetAttempt() == 0 || key.attempt == c.GetAttempt()) {
 			rt.cancel(cause)
 			n++
 		}
 	}
 	a.mu.Unlock()
 	if n == 0 {
-		a.log.Debug().Str("task_id", c.GetTaskId()).Uint32("attempt", c.GetAttempt()).Msg("cancel for a task not running here")
+		s.log.Debug().Str("task_id", c.GetTaskId()).Uint32("attempt", c.GetAttempt()).Msg("cancel for a task not running here")
 	}
 }
 
