@@ -677,18 +677,24 @@ func (h *hub) overran(f scheduler.Failure) string {
 }
 
 // endOverrun takes a result of an attempt its worker overran (see overran): the task
-// has its answer already, so the result only frees the attempt's slot. It reports
-// false for a result of no such attempt. Caller holds mu.
+// has its answer already, so the result only frees the attempt's slot and teaches the
+// scheduler its load and run times, as onResult's would. It reports false for a
+// result of no such attempt. Caller holds mu.
 func (h *hub) endOverrun(wc *workerConn, res *pb.TaskResult) bool {
-	out, ok := h.sched.EndOverrun(wc.id, res.GetTaskId(), int(res.GetAttempt()), scheduler.Observation{
+	obs := scheduler.Observation{
 		Loaded:   res.GetLabelMiss() && !res.GetLoadFailed(),
 		LoadTime: reportedDuration(res.GetLoadDurationUs()),
 		Failed:   !res.GetOk() || res.GetRefused() || res.GetLoadFailed(),
-	})
+	}
+	if !res.GetRefused() && !res.GetLoadFailed() { // as onResult: only a run that Complete would see
+		obs.RunTime = reportedDuration(res.GetRunDurationUs())
+	}
+	out, ok := h.sched.EndOverrun(wc.id, res.GetTaskId(), int(res.GetAttempt()), obs)
 	if !ok {
 		return false
 	}
 	h.log.Info().Str("worker_id", wc.id).Str("task_id", res.GetTaskId()).Uint32("attempt", res.GetAttempt()).
+		Float64("run_ms", float64(obs.RunTime.Microseconds())/1000).
 		Msg("late result of an overrun attempt dropped; its slot is free again")
 	h.apply(out)
 	return true

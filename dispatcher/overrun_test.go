@@ -190,3 +190,36 @@ func TestResubmissionIsNotAnsweredByAnOverrunAttemptsLateResult(t *testing.T) {
 		t.Fatalf("GET /tasks/x after a restart: %d %v, want the second run's answer", code, v)
 	}
 }
+
+// The late result of an overrun attempt is a run like any other: the worker's slot was
+// busy with the label for that long. The hub hands its run time to the scheduler, so
+// that a holder whose runs can take a minute no longer looks about to free up: the
+// next task for the label loads on an idle worker rather than wait behind one.
+func TestLateResultOfAnOverrunAttemptTeachesItsRunTime(t *testing.T) {
+	t.Parallel()
+	clock := &testClock{now: time.Now()}
+	waiting := make(chan string, 1)
+	b := setup(t, Config{Clock: clock, onWait: func(id string) { waiting <- id }})
+	w1 := b.dial("w1", "m") // one slot
+	ans := b.postAsync(`{"task_id":"slow","task_type":"x","label":"m","timeout_ms":1000}`)
+	<-waiting
+	b.submitAsync("long", "m") // queued behind slow
+	a := overrun(t, b, clock, w1, "slow")
+	if got := <-ans; got.status != 504 {
+		t.Fatalf("slow answered %d, want 504", got.status)
+	}
+	w1.write(&pb.Envelope{Body: &pb.Envelope_Result{Result: &pb.TaskResult{
+		TaskId: a.TaskId, Attempt: a.Attempt, Ok: true, Result: []byte(`"late"`), RunDurationUs: time.Minute.Microseconds()}}})
+	if n := w1.assignment(); n.TaskId != "long" {
+		t.Fatalf("the freed slot took %s, want long", n.TaskId)
+	}
+
+	w2 := b.dial("w2") // idle, with room for m
+	b.submitAsync("probe", "m")
+	if st := b.status("probe"); st != "running" {
+		t.Fatalf("probe %s, want it loading m on the idle w2 rather than waiting behind a run like the minute-long one", st)
+	}
+	if n := w2.assignment(); n.TaskId != "probe" || n.Label != "m" {
+		t.Fatalf("w2 was given %v, want probe", n)
+	}
+}

@@ -632,8 +632,17 @@ func (s *Scheduler) Complete(workerID string, t *Task, obs Observation) (*Outcom
 	}
 	s.unrun(w, i, t)
 	t.state = stateDone
-	s.observe(t.Label, obs)
-	if i := w.find(t.Label); i >= 0 && obs.RunTime > 0 {
+	s.learn(w, t.Label, obs)
+	s.release(w, t.Label, obs.Loaded, obs.Failed && !obs.Loaded)
+	s.fill(w)
+	return s.settle(out), nil
+}
+
+// learn records what an attempt of label that ended on w showed: the label's load and
+// run estimates, and the run time w has shown for it.
+func (s *Scheduler) learn(w *worker, label string, obs Observation) {
+	s.observe(label, obs)
+	if i := w.find(label); i >= 0 && obs.RunTime > 0 {
 		h := w.held[i]
 		if h.runEst == 0 {
 			h.runEst = obs.RunTime
@@ -641,9 +650,6 @@ func (s *Scheduler) Complete(workerID string, t *Task, obs Observation) (*Outcom
 			h.runEst = ewma(h.runEst, obs.RunTime)
 		}
 	}
-	s.release(w, t.Label, obs.Loaded, obs.Failed && !obs.Loaded)
-	s.fill(w)
-	return s.settle(out), nil
 }
 
 // release ends one task's use of a label on w: a doomed label goes with its last task.
@@ -838,8 +844,10 @@ func (s *Scheduler) ExpireRunning(grace time.Duration) *Outcome {
 // EndOverrun frees the slot a worker's overrun attempt held (see ExpireRunning), now
 // that its late result came, and lets the worker take its next task. attempt is the
 // number the worker was given (AttemptNumber). It reports false when no attempt of
-// that task overran on that worker. The result teaches the label's load time, not its
-// run time: an overrun is no sample of a normal run.
+// that task overran on that worker. The result teaches what any result does, its run
+// time included: the slot was busy with the label for that long, and a holder whose
+// runs can overrun must not look about to free up. (A worker that honours the
+// deadline reports a run cut short there, which Complete learns as well.)
 func (s *Scheduler) EndOverrun(workerID, taskID string, attempt int, obs Observation) (*Outcome, bool) {
 	out := s.reset()
 	w, ok := s.workers[workerID]
@@ -853,7 +861,7 @@ func (s *Scheduler) EndOverrun(workerID, taskID string, attempt int, obs Observa
 		s.unrun(w, i, t)
 		t.state = stateDone
 		s.unholdOverrun(t.ID)
-		s.observe(t.Label, Observation{Loaded: obs.Loaded, LoadTime: obs.LoadTime})
+		s.learn(w, t.Label, obs)
 		s.release(w, t.Label, obs.Loaded, obs.Failed && !obs.Loaded)
 		s.fill(w)
 		return s.settle(out), true // the release may have doomed a copy others wait on

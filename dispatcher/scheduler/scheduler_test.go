@@ -1205,6 +1205,37 @@ func TestRemovedWorkerEndsAnOverrunAttemptsNumbering(t *testing.T) {
 	check(t, b.s)
 }
 
+// An overrun attempt's late result is a run like any other: its worker's slot was busy
+// with the label for that long. Its run time counts, so that a holder whose runs can
+// take a minute no longer looks about to free up: the next task for the label loads on
+// an idle worker rather than wait behind such a run.
+func TestLateResultOfAnOverrunAttemptTeachesItsRunTime(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	b.worker("w1", 1, 1, "a")
+	hung := &Task{ID: "x", Label: "a", Deadline: b.clock.now.Add(time.Second)}
+	one(t, b.submit(hung))
+	long := b.task("a")
+	none(t, b.submit(long)) // queued behind the overrun slot
+	b.clock.advance(time.Minute)
+	if out := b.s.ExpireRunning(5 * time.Second); len(out.Failed) != 1 {
+		t.Fatalf("want x overrun, got %+v", out.Failed)
+	}
+	end, ok := b.s.EndOverrun("w1", "x", 1, Observation{RunTime: time.Minute})
+	if !ok {
+		t.Fatal("the late result did not end the overrun")
+	}
+	if a := one(t, end.Assigned); a.Task != long {
+		t.Fatalf("the freed slot took %s, want %s", a.Task.ID, long.ID)
+	}
+	b.worker("w2", 1, 1)
+	probe := b.task("a")
+	if a := one(t, b.submit(probe)); a.WorkerID != "w2" || !a.Load {
+		t.Fatalf("probe went to %s (load %v), want a load on the idle w2 rather than a wait behind a run like the minute-long one", a.WorkerID, a.Load)
+	}
+	check(t, b.s)
+}
+
 // An assignment the owner withdraws instead of sending leaves the worker's view as the
 // worker has it: the label it was to load is not held, the label it named for eviction
 // is, and the start is not counted. The freed slot takes a queued task in the next
