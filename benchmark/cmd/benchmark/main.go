@@ -221,6 +221,10 @@ func parseRun(args []string, getenv func(string) string, stderr io.Writer) (live
 	fs.Float64Var(&cfg.TimeScale, "time-scale", cfg.TimeScale, "multiplies every duration of the workload")
 	fs.DurationVar(&cfg.RequestTimeout, "request-timeout", cfg.RequestTimeout, "bound on one request; 0 for none")
 	addClusterFlags(fs, &cfg)
+	// Only run reads NUM_WORKERS (soak and batch-compare do not), and only run has
+	// --backend: their help must not promise either.
+	fs.Lookup("num-workers").Usage += " (env NUM_WORKERS)"
+	fs.Lookup("bin-dir").Usage += ", and fake-triton for --backend triton"
 	fs.BoolVar(&cfg.RandomDispatch, "random-dispatch", cfg.RandomDispatch, "random dispatch instead of routing (env RANDOM_DISPATCH)")
 	fs.BoolVar(&cfg.Compare, "compare", false, "run routing then random dispatch and compare")
 	fs.BoolVar(&cfg.JSON, "json", false, "print the result as JSON on stdout")
@@ -256,7 +260,7 @@ func parseRun(args []string, getenv func(string) string, stderr io.Writer) (live
 
 // addClusterFlags registers the flags of the fleet a live run starts.
 func addClusterFlags(fs *flag.FlagSet, cfg *live.Config) {
-	fs.IntVar(&cfg.NumWorkers, "num-workers", cfg.NumWorkers, "worker agents (env NUM_WORKERS)")
+	fs.IntVar(&cfg.NumWorkers, "num-workers", cfg.NumWorkers, "worker agents")
 	fs.IntVar(&cfg.MaxLabels, "max-labels", cfg.MaxLabels, "labels each agent holds at once")
 	fs.IntVar(&cfg.Slots, "slots", cfg.Slots, "tasks each agent runs at once")
 	fs.DurationVar(&cfg.SimLoadTime, "sim-load-time", cfg.SimLoadTime, "simulated label load time")
@@ -266,7 +270,7 @@ func addClusterFlags(fs *flag.FlagSet, cfg *live.Config) {
 	fs.DurationVar(&cfg.TaskTimeout, "task-timeout", cfg.TaskTimeout, "dispatcher --task-timeout; 0 keeps its default")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "dispatcher log level")
 	fs.StringVar(&cfg.RepoDir, "repo", "", "repository to build from (default: go.work at or above the working directory)")
-	fs.StringVar(&cfg.BinDir, "bin-dir", "", "use prebuilt binaries from this directory: dispatcher, worker-agent, log-collector, and fake-triton for --backend triton")
+	fs.StringVar(&cfg.BinDir, "bin-dir", "", "use prebuilt binaries from this directory: dispatcher, worker-agent and log-collector")
 	fs.StringVar(&cfg.OutDir, "out", "", "directory for logs and records; the subdirectory each run writes (routing/ and random/, soak/, batch-<order>/) is replaced (default: a new temporary directory)")
 	fs.DurationVar(&cfg.ReadyTimeout, "ready-timeout", cfg.ReadyTimeout, "bound on the dispatcher and workers becoming ready")
 	fs.DurationVar(&cfg.StopTimeout, "stop-timeout", cfg.StopTimeout, "grace after SIGTERM before SIGKILL")

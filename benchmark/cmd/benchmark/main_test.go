@@ -364,3 +364,24 @@ func TestFailedRunKeepsTheChart(t *testing.T) {
 		t.Errorf("--chart naming a directory: exit %d, stderr %q; want 2", code, stderr.String())
 	}
 }
+
+// Each command's help promises only what the command does: soak and batch-compare read
+// no NUM_WORKERS and have no --backend, though they share run's fleet flags.
+func TestHelpNamesOnlyWhatEachCommandReads(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		cmd   string
+		extra bool // NUM_WORKERS and fake-triton in the help
+	}{{"run", true}, {"soak", false}, {"batch-compare", false}} {
+		var out, errb bytes.Buffer
+		if code := run(t.Context(), []string{tc.cmd, "-h"}, env(nil), &out, &errb); code != 0 {
+			t.Fatalf("%s -h: exit %d", tc.cmd, code)
+		}
+		help := out.String() + errb.String()
+		for _, s := range []string{"env NUM_WORKERS", "fake-triton"} {
+			if strings.Contains(help, s) != tc.extra {
+				t.Errorf("%s -h names %q: %v, want %v\n%s", tc.cmd, s, !tc.extra, tc.extra, help)
+			}
+		}
+	}
+}
