@@ -32,7 +32,8 @@ type Config struct {
 	// UploaderURL is where POST /upload-model is forwarded; empty answers 503.
 	UploaderURL string
 
-	// MaxBodyBytes bounds a /run-task body (413 beyond). Zero means 1 MiB.
+	// MaxBodyBytes bounds a /run-task or /upload-model body (413 beyond). Zero means
+	// 1 MiB.
 	MaxBodyBytes int64
 	// BodyReadTimeout bounds how long a request, its body included, may take to arrive
 	// from its first byte (Run's http.Server ReadTimeout; a program serving Handler

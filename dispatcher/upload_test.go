@@ -71,3 +71,21 @@ func TestUploaderNon2xxAnswersAre502(t *testing.T) {
 	default:
 	}
 }
+
+// --max-body-bytes bounds an /upload-model body as it bounds a task's: 413, and the
+// uploader never sees the request.
+func TestUploadBodyOverMaxBodyBytesIs413(t *testing.T) {
+	t.Parallel()
+	hits := make(chan struct{}, 1)
+	up := newUploader(t, func(w http.ResponseWriter, _ *http.Request) { hits <- struct{}{} })
+	b := setup(t, Config{UploaderURL: up, MaxBodyBytes: 64})
+	code, v := b.post("/upload-model", `{"model_id":"`+strings.Repeat("m", 100)+`"}`)
+	if code != 413 || !strings.Contains(v["error"].(string), "larger than 64 bytes") {
+		t.Fatalf("oversized upload request: %d %v", code, v)
+	}
+	select {
+	case <-hits:
+		t.Fatal("the oversized request reached the uploader")
+	default:
+	}
+}

@@ -76,7 +76,7 @@ func run(args []string) error {
 	passOver := fs.Duration("max-pass-over", schedDefaults.MaxPassOver, "floor of how long a task may be passed over for other labels' backlogs")
 	metricsMaxLabels := fs.Int("metrics-max-labels", 500, "labels with series of their own in /metrics; the rest count as label=\"other\"")
 	passOverLoads := fs.Float64("pass-over-loads", schedDefaults.PassOverLoads, "how long a task may be passed over, in load times of its label")
-	maxBody := fs.Int64("max-body-bytes", 1<<20, "largest /run-task body; larger gets 413")
+	maxBody := fs.Int64("max-body-bytes", 1<<20, "largest /run-task or /upload-model body; larger gets 413")
 	bodyReadTimeout := fs.Duration("body-read-timeout", 30*time.Second, "how long a request, its body included, may take to arrive; a body that stalls gets 408 (not the wait for a task's answer)")
 	idleTimeout := fs.Duration("idle-timeout", 2*time.Minute, "how long a kept-alive HTTP connection may wait for its next request before it is closed")
 	maxParams := fs.Int("max-params-bytes", 1<<20, "largest decoded parameters_json; larger gets 413")
