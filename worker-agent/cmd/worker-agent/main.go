@@ -18,13 +18,14 @@
 //	--triton-start-timeout  [TRITON_START_TIMEOUT]  5m: wait at start for Triton to be live and no model LOADING, then exit 1
 //	--triton-text-input     [TRITON_TEXT_INPUT]     TEXT: BYTES input embed_texts fills
 //	--triton-embedding-output [TRITON_EMBEDDING_OUTPUT] sentence_embedding: FP32 output embed_texts returns
+//	--inventory-interval    [INVENTORY_INTERVAL]    30s: how often the triton backend reads the repository index for models added or removed
 //	--sim-load-time    [SIM_LOAD_TIME]    400ms: simulated load time
 //	--sim-load-jitter  [SIM_LOAD_JITTER]  0: largest ± deviation of a load time, drawn uniformly
 //	--sim-run-time     [SIM_RUN_TIME]     40ms: simulated run time
 //	--sim-run-jitter   [SIM_RUN_JITTER]   0: largest ± deviation of a run time, drawn uniformly
 //	--seed             [SEED]             1: seed of the jitter; the same seed gives the same durations
 //	--log-level        [LOG_LEVEL]        info: debug, info, warn or error (JSON lines on stdout)
-//	--drain-timeout    [DRAIN_TIMEOUT]    30s: how long a drain waits for in-flight tasks
+//	--drain-timeout    [DRAIN_TIMEOUT]    30s: how long a drain (SIGTERM, or the dispatcher's) waits for in-flight tasks
 //	--log-collector-url [LOG_COLLECTOR_URL] none: stream logs to a log collector (ws://HOST:8090/ingest) as well as stdout
 //	--agents           [AGENTS]           1: agents in this process, named <worker-id>-1..N (load tests)
 //	--cpu-prof         [CPU_PROF]         none: write a pprof CPU profile here on exit
