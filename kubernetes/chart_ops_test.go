@@ -180,3 +180,26 @@ func TestChartTritonNeedsAModelRepository(t *testing.T) {
 		}
 	}
 }
+
+// NOTES say where the chart's credentials are: the API key first, which every producer
+// needs on /run-task. Not with the user's own Secret (its keys are theirs), nor with
+// insecureNoAuth (nothing checks them).
+func TestChartNotesNameTheAPIKey(t *testing.T) {
+	apiKey := `kubectl get secret sr-smartroute-auth -o jsonpath='{.data.api-keys}' | base64 -d`
+	for _, tc := range []struct {
+		name      string
+		overrides map[string]any
+		want      bool
+	}{
+		{"generated", nil, true},
+		{"existing Secret", map[string]any{"auth": map[string]any{"existingSecret": "mine"}}, false},
+		{"insecureNoAuth", map[string]any{"auth": map[string]any{"insecureNoAuth": true}}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			notes := mustRender(t, tc.overrides, kindValues).notes
+			if strings.Contains(notes, apiKey) != tc.want || strings.Contains(notes, "{.data.worker-token}") != tc.want {
+				t.Errorf("NOTES name the API key and worker token: %v, want %v:\n%s", !tc.want, tc.want, notes)
+			}
+		})
+	}
+}
