@@ -3,6 +3,7 @@ package dispatcher
 import (
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -60,4 +61,23 @@ func TestClosedWorkerLeavesTheRoutingAtOnce(t *testing.T) {
 		t.Fatal("the reader ended: this test must show the worker leaving before it does")
 	default:
 	}
+}
+
+// A request to /worker-listen that is no WebSocket handshake is refused in JSON, as every
+// error of the dispatcher is, not with the upgrader's plain-text "Bad Request".
+func TestWorkerListenRefusesANonWebSocketRequestInJSON(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	for _, h := range [][]string{
+		{"Worker-Id", "w1"}, // a plain GET
+		{"Worker-Id", "w1", "Connection", "Upgrade", "Upgrade", "websocket", "Sec-WebSocket-Version", "12",
+			"Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="}, // a version the dispatcher does not speak
+	} {
+		code, header, v := b.send("GET", "/worker-listen", "", h...) // send fails the test on a body that is not JSON
+		if code != http.StatusBadRequest || header.Get("Content-Type") != "application/json" ||
+			!strings.Contains(fmt.Sprint(v["error"]), "websocket") || header.Get("Sec-Websocket-Version") != "13" {
+			t.Errorf("%q: %d %v %v; want 400 JSON naming the WebSocket handshake", h, code, header, v)
+		}
+	}
+	b.untouched()
 }

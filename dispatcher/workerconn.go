@@ -2,6 +2,7 @@ package dispatcher
 
 import (
 	"bufio"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -241,6 +242,17 @@ var upgrader = websocket.Upgrader{
 	// Workers are programs, not browsers; credentials (not the origin) say who may
 	// connect.
 	CheckOrigin: func(*http.Request) bool { return true },
+	Error:       upgradeError,
+}
+
+// upgradeError answers a request the upgrader refuses (not a WebSocket handshake, an
+// unknown WebSocket version) in JSON like every other error, rather than with
+// gorilla's "Bad Request" in plain text; the version header is what gorilla sends.
+func upgradeError(w http.ResponseWriter, _ *http.Request, status int, reason error) {
+	w.Header().Set("Sec-Websocket-Version", "13")
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(errorBody{reason.Error()})
 }
 
 // serveWorker is the /worker-listen handler and the connection's reader.
