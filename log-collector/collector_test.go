@@ -395,3 +395,26 @@ func TestReplacedStreamReconnectingIsNotWrittenTwice(t *testing.T) {
 		t.Fatalf("file holds %q, want each record once", got)
 	}
 }
+
+// A request to /ingest that is no WebSocket handshake is refused in JSON, as the
+// collector's other errors are, not with the upgrader's plain-text "Bad Request".
+func TestIngestRefusesANonWebSocketRequestInJSON(t *testing.T) {
+	t.Parallel()
+	r := startCollector(t, Config{})
+	req, err := http.NewRequest("GET", "http://"+r.addr+"/ingest", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Worker-Id", "w1")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var body errorBody
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil || resp.StatusCode != http.StatusBadRequest ||
+		resp.Header.Get("Content-Type") != "application/json" || !strings.Contains(body.Error, "websocket") {
+		t.Fatalf("plain GET /ingest: %d %v %q (%v); want 400 JSON naming the WebSocket handshake",
+			resp.StatusCode, resp.Header, body.Error, err)
+	}
+}

@@ -32,6 +32,17 @@ var upgrader = websocket.Upgrader{
 	WriteBufferPool: &sync.Pool{},
 	// Agents are programs, not browsers.
 	CheckOrigin: func(*http.Request) bool { return true },
+	Error:       upgradeError,
+}
+
+// upgradeError answers a request the upgrader refuses (not a WebSocket handshake, an
+// unknown WebSocket version) in JSON like every other error, rather than with
+// gorilla's "Bad Request" in plain text; the version header is what gorilla sends.
+func upgradeError(w http.ResponseWriter, _ *http.Request, status int, reason error) {
+	w.Header().Set("Sec-Websocket-Version", "13")
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(errorBody{reason.Error()})
 }
 
 // Limits of a hello's free-form fields; agents send 16 hex digits and a short version.
