@@ -994,6 +994,9 @@ func (j *job) flush() error {
 		j.written.Lines = it.line
 		j.written.InputOffset = it.end
 		j.held -= it.held
+		// Let go of its bytes here: the pool's fifo and label queues, cut at the front,
+		// keep written items in their old slots until they next grow.
+		it.out, it.rej = nil, nil
 		j.win[n] = nil
 		n++
 	}

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -1160,6 +1161,66 @@ func TestWindowBoundedInBytes(t *testing.T) {
 			t.Errorf("the window held up to %d bytes (%d lines issued while line 1 held it); want at most %d", s.PeakWindowBytes, issued, limit)
 		}
 	})
+}
+
+// A written line's answer is let go: MaxWindowBytes bounds the memory of the whole
+// job, not only of the lines waiting. The look-ahead pool's slices, cut at the front,
+// kept their written items, and with them every answer since they last grew: here
+// 10 MiB of answers under a 256 KiB bound. Not parallel: it measures the heap.
+func TestWrittenAnswersAreLetGo(t *testing.T) {
+	for _, order := range []Order{OrderLabel, OrderFile} {
+		t.Run(string(order), func(t *testing.T) {
+			const lines, big = 300, 32 << 10
+			release := make(chan struct{})
+			f := newFakeDispatcher(t, func(ctx context.Context, req runTaskBody, line, _ int) (int, string) {
+				if line == lines {
+					select { // the job runs on, every other line written
+					case <-release:
+					case <-ctx.Done():
+					}
+				}
+				b, _ := json.Marshal(map[string]any{"task_id": req.TaskID, "status": "completed", "worker_id": "w1",
+					"result": map[string]any{"echo": req.ParametersJSON, "pad": strings.Repeat("y", big)}})
+				return http.StatusOK, string(b)
+			})
+			cfg := setup(t, f, taskLines(lines))
+			cfg.Order = order
+			cfg.MaxWindowBytes, cfg.MaxLineBytes = 256<<10, 1024
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.ControlListener = ln
+			before := liveHeap()
+			wait := runAsync(t, cfg)
+			waitFor(t, "every line but the last to be written", func() bool {
+				resp, err := noKeepAlive.Get("http://" + ln.Addr().String() + "/status")
+				if err != nil {
+					return false
+				}
+				defer resp.Body.Close()
+				var st Status
+				return json.NewDecoder(resp.Body).Decode(&st) == nil && st.Lines == lines-1
+			})
+			held := liveHeap() - before
+			close(release)
+			wait()
+			checkOutput(t, cfg.Output, lines)
+			// The window's bound, the answers in flight and the files' buffers, with room.
+			if limit := int64(4*cfg.MaxWindowBytes + 2<<20); held > limit {
+				t.Errorf("with %d lines written (%d KiB answers) the job holds %d KiB; want at most %d KiB (--max-window-bytes %d KiB)",
+					lines-1, big>>10, held>>10, limit>>10, cfg.MaxWindowBytes>>10)
+			}
+		})
+	}
+}
+
+// liveHeap is the heap's size after a full collection.
+func liveHeap() int64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return int64(ms.HeapAlloc)
 }
 
 // A job stopped while line 1 is still in flight has line 2's answer but cannot write
