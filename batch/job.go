@@ -122,6 +122,8 @@ type job struct {
 	bo        *backoff.ExponentialBackOff
 	bar       *progressbar.ProgressBar
 	fatal     error
+	// warnedConflict: a 409 was logged; the input changed, and one warning says so.
+	warnedConflict bool
 
 	// Read by the control server; written by the loop (atomics) or the server.
 	timeout        atomic.Int64 // nanoseconds
@@ -837,6 +839,19 @@ func (j *job) handle(r report) {
 		// The dispatcher's /run-task has no 404 (that is GET /tasks/{id}'s unknown task):
 		// the URL is not its API, and no line can run. Stop rather than reject them all.
 		j.fatal = fmt.Errorf("POST %s answered %d: %s; is --dispatcher the dispatcher's base URL?", j.runTask, r.status, msg)
+	case r.status == http.StatusConflict:
+		// The dispatcher holds another task (label, type or parameters) under the id:
+		// the job sent this line before and the input changed since, past what a resume
+		// checks. That task's answer is not this line's and the id will not run it, so
+		// the line moves to a fresh id at once (nothing failed; no wait). An attempt all
+		// the same, so a 409 to every id cannot loop.
+		if !j.warnedConflict {
+			j.warnedConflict = true
+			j.log.Warn().Int64("line", it.line).Str("task_id", j.taskID(it)).Str("error", msg).
+				Msg("the dispatcher holds another task under a line's id: the input changed since the job sent it; such lines run under fresh ids")
+		}
+		it.failures++
+		j.failAttempt(it, fmt.Sprintf("dispatcher answered %d: %s", r.status, msg))
 	case r.status == http.StatusTooManyRequests || (r.status == http.StatusServiceUnavailable && a.Status != "failed"):
 		// Refused before it ran (queue full, shutting down, or a proxy in front while the
 		// dispatcher restarts), or a journaled task let go unfinished at shutdown (its

@@ -1092,6 +1092,33 @@ func TestSync504ForARunThatNeverEndsIsRejected(t *testing.T) {
 	}
 }
 
+// The dispatcher answers 409 to an id it holds (in flight, or answered within
+// --task-retention) for a task with another label, type or parameters: the job sent
+// the line under that id before, and the input changed since past the bytes a resume
+// checks (a line edited or inserted after the job was stopped). Neither that task's
+// answer nor the id will ever be this line's, so the line moves to a fresh id at once;
+// before, it was sent under the same id --max-attempts times, waiting the retry delay
+// between (1 s, 2 s by default), and rejected.
+func TestConflict409MovesTheLineToAFreshID(t *testing.T) {
+	t.Parallel()
+	f := newFakeDispatcher(t, func(_ context.Context, req runTaskBody, line, _ int) (int, string) {
+		if line == 2 && strings.HasSuffix(req.TaskID, "-2") {
+			return http.StatusConflict, `{"error":"task id ` + req.TaskID + ` was used for a different task (label/type/parameters differ) within the last --task-retention; use a new id"}`
+		}
+		return http.StatusOK, ""
+	})
+	cfg := setup(t, f, taskLines(3))
+	s := run(t, cfg)
+	checkOutput(t, cfg.Output, 3)
+	reqs := f.requests(2)
+	if len(reqs) != 2 || !strings.HasSuffix(reqs[1].TaskID, "-2-r1") {
+		t.Errorf("line 2 was submitted as %v; want its id, then a fresh one (-2-r1)", reqs)
+	}
+	if s.Completed != 3 || s.Rejected != 0 {
+		t.Errorf("summary %+v", s)
+	}
+}
+
 // MaxOutOfOrder counts lines, and a line can be large: an input line up to
 // MaxLineBytes (held twice, as read and as its parameters) until it is answered, an
 // answer of any size until the lines before it are written. The window is bounded in
