@@ -474,6 +474,23 @@ func TestBadInputLinesGoToRejectedAndTheJobGoesOn(t *testing.T) {
 	}
 }
 
+// A file saved as "UTF-8 with BOM" (Notepad, PowerShell's Out-File, Excel's CSV-to-
+// JSON exports) begins with EF BB BF. JSON allows a parser to ignore it (RFC 8259
+// 8.1); the job rejected line 1, a good line, as "invalid character 'ï' looking for
+// beginning of value", with the mark invisible in the rejected file's copy.
+func TestByteOrderMarkBeforeLine1IsIgnored(t *testing.T) {
+	t.Parallel()
+	f := newFakeDispatcher(t, nil)
+	lines := taskLines(2)
+	lines[0] = "\ufeff" + lines[0]
+	cfg := setup(t, f, lines)
+	s := run(t, cfg)
+	checkOutput(t, cfg.Output, 2)
+	if s.Completed != 2 || s.Rejected != 0 {
+		t.Errorf("summary %+v", s)
+	}
+}
+
 // syncBuffer is a bytes.Buffer safe for the progress bar's writes.
 type syncBuffer struct {
 	mu sync.Mutex

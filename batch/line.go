@@ -111,6 +111,7 @@ func (e *errLineTooLong) Error() string {
 // and the offset just after it. io.EOF means no more lines; a last line without a
 // newline is still a line.
 func (lr *lineReader) next() ([]byte, int64, error) {
+	first := lr.offset == 0
 	lr.buf = lr.buf[:0]
 	tooLong := 0
 	for {
@@ -138,6 +139,11 @@ func (lr *lineReader) next() ([]byte, int64, error) {
 		}
 		line := bytes.TrimSuffix(lr.buf, []byte("\n"))
 		line = bytes.TrimSuffix(line, []byte("\r"))
+		if first {
+			// Editors that save "UTF-8 with BOM" begin the file with one; it is not the
+			// line's JSON, and a parser may ignore it (RFC 8259 8.1).
+			line = bytes.TrimPrefix(line, []byte("\ufeff"))
+		}
 		if len(line) > lr.maxLine { // the limit is on the line, whatever ends it
 			return nil, lr.offset, &errLineTooLong{n: len(line), max: lr.maxLine}
 		}
