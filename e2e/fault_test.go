@@ -214,15 +214,22 @@ func TestFaultDispatcherCrashWithJournaledTasks(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			failed := false
 			for i := range ids {
+				if failed {
+					// Drained, not left: once every producer had failed and returned,
+					// the loop below blocked on ids until the test binary's -timeout
+					// instead of reporting the error.
+					continue
+				}
 				id := fmt.Sprintf("journal-%d", i)
-				code, a, err := postTask(context.Background(), s.addr, task(id, fmt.Sprintf("model-%d", i%8), `"return_result":false`))
+				code, a, err := s.post(task(id, fmt.Sprintf("model-%d", i%8), `"return_result":false`))
 				if err == nil && (code != 202 || a.TaskID != id) {
 					err = fmt.Errorf("task %s: %d %+v", id, code, a)
 				}
 				if err != nil {
 					errs <- err
-					return
+					failed = true
 				}
 			}
 		}()
