@@ -852,12 +852,16 @@ func (j *job) handle(r report) {
 		}
 		it.failures++
 		j.failAttempt(it, fmt.Sprintf("dispatcher answered %d: %s", r.status, msg))
-	case r.status == http.StatusTooManyRequests || (r.status == http.StatusServiceUnavailable && a.Status != "failed"):
+	case r.status == http.StatusTooManyRequests || (r.status == http.StatusServiceUnavailable && a.Status != "failed"),
+		r.status == http.StatusBadGateway && a.Status != "failed":
 		// Refused before it ran (queue full, shutting down, or a proxy in front while the
 		// dispatcher restarts), or a journaled task let go unfinished at shutdown (its
 		// view, still queued or running), which runs after the restart: a 503 that is not
-		// a failed answer keeps none for the id, and it is not the item's fault. Pause as
-		// for no answer, no attempt, and keep the id to attach to the journaled run.
+		// a failed answer keeps none for the id, and it is not the item's fault. A 502
+		// that is not is a proxy's that could not reach the dispatcher (nginx's and
+		// Traefik's answer to a refused or dropped connection): no answer, as without the
+		// proxy, and counted as attempts it rejected every line a restart reached. Pause
+		// as for no answer, no attempt, and keep the id to attach to a journaled run.
 		j.pause(max(j.bo.NextBackOff(), r.retryAfter), fmt.Sprintf("dispatcher refused the task for now (%d)", r.status), errors.New(msg))
 		j.retry = append(j.retry, it)
 	default:
@@ -867,7 +871,7 @@ func (j *job) handle(r report) {
 		// reporting ("deadline exceeded: worker ... overran it ..."): the dispatcher fails
 		// the task and cancels the attempt, so the fresh id runs it again and nothing is
 		// lost. Any other 5xx keeps nothing under the id, or says the run goes on: a
-		// proxy's 502/504 while the dispatcher holds the task, or the bare 504
+		// proxy's 504 while the dispatcher holds the task, or the bare 504
 		// "deadline exceeded; task ... is still running" of dispatchers from before they
 		// failed overrun tasks (still handled for them, by this rule: no code of its
 		// own). A fresh id would run it a second time and lose the first run's result;

@@ -601,6 +601,43 @@ func TestRefusal503IsNotAFailedAttempt(t *testing.T) {
 	}
 }
 
+// A proxy in front of the dispatcher (nginx, Traefik) answers 502 with a page of its
+// own when it cannot reach the dispatcher: it is down or restarting, as "no answer" is
+// without the proxy. The dispatcher's own 502 is a task's failed answer (its view,
+// status "failed"). The job counted the proxy's as a failed attempt and issued the line
+// again after the retry delay: a restart of a few seconds rejected every line it
+// reached, the lines in flight and every line issued meanwhile. Now it pauses and keeps
+// the id, as for a bare 503.
+func TestProxy502IsNoAnswer(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	total := 0
+	f := newFakeDispatcher(t, func(_ context.Context, _ runTaskBody, _, _ int) (int, string) {
+		mu.Lock()
+		defer mu.Unlock()
+		if total++; total <= 3 { // the dispatcher restarting
+			return http.StatusBadGateway, "<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n"
+		}
+		return http.StatusOK, ""
+	})
+	cfg := setup(t, f, taskLines(3))
+	cfg.Concurrency, cfg.MaxAttempts, cfg.Order = 1, 3, OrderFile
+	s := run(t, cfg)
+	checkOutput(t, cfg.Output, 3)
+	if s.Rejected != 0 || s.Reissued != 0 {
+		t.Errorf("summary %+v: the proxy's 502s while the dispatcher was away counted as the line's attempts", s)
+	}
+	reqs := f.requests(1)
+	if len(reqs) != 4 {
+		t.Fatalf("line 1 was submitted %d times, want 4 (three 502s, then its answer)", len(reqs))
+	}
+	for _, r := range reqs {
+		if r.TaskID != reqs[0].TaskID {
+			t.Errorf("line 1 was submitted as %s, first as %s: a 502 without the task's answer keeps the id", r.TaskID, reqs[0].TaskID)
+		}
+	}
+}
+
 // The dispatcher's 429 says Retry-After: 1; the job waits that long, not its first
 // 100 ms backoff.
 func TestRetryAfterHonouredOn429(t *testing.T) {
