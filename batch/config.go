@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -182,8 +183,8 @@ func (c Config) Validate() error {
 	if c.Output == "" {
 		bad("Output is required")
 	}
-	if c.Output != "" && (c.Output == c.Input || c.Rejected == c.Input || c.Checkpoint == c.Input ||
-		c.Rejected == c.Output || c.Checkpoint == c.Output || c.Checkpoint == c.Rejected) {
+	if c.Output != "" && (sameFile(c.Output, c.Input) || sameFile(c.Rejected, c.Input) || sameFile(c.Checkpoint, c.Input) ||
+		sameFile(c.Rejected, c.Output) || sameFile(c.Checkpoint, c.Output) || sameFile(c.Checkpoint, c.Rejected)) {
 		bad("Input, Output, Rejected and Checkpoint must be four different files")
 	}
 	positive := func(name string, v int64) {
@@ -222,4 +223,22 @@ func (c Config) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// sameFile says whether two paths name one file: spelled alike once cleaned and made
+// absolute ("out.jsonl" and "./out.jsonl"), or, for files that exist, one file under
+// two names (a link). Compared as text only, the checkpoint's rename could replace the
+// output it was told apart from.
+func sameFile(a, b string) bool {
+	if a == "" || b == "" {
+		return a == b
+	}
+	if absA, err := filepath.Abs(a); err == nil {
+		if absB, err := filepath.Abs(b); err == nil && absA == absB {
+			return true
+		}
+	}
+	sa, errA := os.Stat(a)
+	sb, errB := os.Stat(b)
+	return errA == nil && errB == nil && os.SameFile(sa, sb)
 }

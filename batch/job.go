@@ -336,10 +336,15 @@ func openLocked(path string, size int64) (*os.File, error) {
 	}
 	if err = lockFile(f); errors.Is(err, errLocked) {
 		err = fmt.Errorf("%s is in use by another batch job (a run of this job still going?): wait for it or stop it", path)
+	} else if err != nil {
+		// Some file systems (some network mounts) refuse locks; say which file.
+		err = fmt.Errorf("locking %s: %w", path, err)
 	}
 	var fi os.FileInfo
 	if err == nil {
-		fi, err = f.Stat()
+		if fi, err = f.Stat(); err != nil {
+			err = fmt.Errorf("reading %s: %w", path, err)
+		}
 	}
 	if err == nil && fi.Size() < size {
 		err = fmt.Errorf("%s is %d bytes, shorter than the checkpoint's %d: it was changed outside the job", path, fi.Size(), size)

@@ -1518,3 +1518,28 @@ func TestResumeAfterTheJobDirectoryMoved(t *testing.T) {
 		t.Errorf("output after the resume: %q", got)
 	}
 }
+
+// The checkpoint and the output told apart only by spelling, or by a link, are one
+// file: the checkpoint's rename would replace the output.
+func TestConfigRefusesOneFileUnderTwoNames(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	out := filepath.Join(dir, "out.jsonl")
+	if err := os.WriteFile(out, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "link.jsonl")
+	if err := os.Symlink(out, link); err != nil {
+		t.Fatal(err)
+	}
+	for _, cp := range []string{dir + "/./out.jsonl", dir + "//out.jsonl", link} {
+		cfg := Config{DispatcherURL: "http://127.0.0.1:1", Input: filepath.Join(dir, "in.jsonl"), Output: out, Checkpoint: cp}.WithDefaults()
+		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "four different files") {
+			t.Errorf("checkpoint %q beside output %q: Validate = %v, want four different files", cp, out, err)
+		}
+	}
+	cfg := Config{DispatcherURL: "http://127.0.0.1:1", Input: filepath.Join(dir, "in.jsonl"), Output: out}.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("distinct files refused: %v", err)
+	}
+}
