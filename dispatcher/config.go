@@ -142,6 +142,9 @@ type Config struct {
 	// journalRetry paces the writes of answers again. For tests of a failing disk.
 	journalWriteFault func() error
 	journalRetry      func() backoff.BackOff
+	// onViewChunk, when set, is called after each chunk of a fleet walk, with the
+	// hub's lock released (walkWorkers).
+	onViewChunk func()
 }
 
 // WithDefaults returns the config with zero fields replaced by their defaults.
