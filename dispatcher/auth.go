@@ -21,7 +21,7 @@ import (
 // credentials is one generation of accepted secrets. A reload builds a new one and
 // swaps it in whole; requests read it without a lock.
 type credentials struct {
-	workers   credential.Set
+	workers   workerTokens
 	producers credential.Set
 }
 
@@ -51,7 +51,7 @@ func newAuthenticator(cfg Config) (*authenticator, error) {
 
 // load reads the configured secrets: the static ones plus the files' current content.
 func (a *authenticator) load() (*credentials, error) {
-	workers, err := credential.Load("WorkerTokens", a.cfg.WorkerTokens, "WorkerTokensFile", a.cfg.WorkerTokensFile)
+	workers, err := loadWorkerTokens(a.cfg.WorkerTokens, a.cfg.WorkerTokensFile)
 	if err != nil {
 		return nil, err
 	}
@@ -62,7 +62,7 @@ func (a *authenticator) load() (*credentials, error) {
 	// A secret in both sets would open both sides, and the separation above would hold
 	// only on paper.
 	for _, h := range producers {
-		if workers.Holds(h) {
+		if workers.set.Holds(h) {
 			return nil, fmt.Errorf("a secret is both a worker token and an API key (WorkerTokens/WorkerTokensFile and APIKeys/APIKeysFile): the two must not share secrets, so that a producer key cannot connect as a worker")
 		}
 	}
@@ -147,9 +147,13 @@ func (d *Dispatcher) authorize(next echo.HandlerFunc) echo.HandlerFunc {
 				return next(c)
 			}
 			creds := a.cur.Load()
-			h, ok, err := verify(c, false, creds.workers, creds.producers, workerRefusals)
+			h, ok, err := verify(c, false, creds.workers.set, creds.producers, workerRefusals)
 			if !ok {
 				return err
+			}
+			// An empty or malformed id is serveWorker's 400.
+			if id := c.Request().Header.Get("Worker-Id"); id != "" && !creds.workers.serves(h, id) {
+				return c.JSON(http.StatusForbidden, errorBody{workerIDRefused})
 			}
 			c.Set(workerCredentialKey, h)
 			return next(c)
@@ -164,7 +168,7 @@ func (d *Dispatcher) authorize(next echo.HandlerFunc) echo.HandlerFunc {
 			return next(c)
 		}
 		creds := a.cur.Load()
-		if _, ok, err := verify(c, true, creds.producers, creds.workers, producerRefusals); !ok {
+		if _, ok, err := verify(c, true, creds.producers, creds.workers.set, producerRefusals); !ok {
 			return err
 		}
 		return next(c)
@@ -206,9 +210,23 @@ func loopbackOrigin(origin string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// workerTokenValid says whether a connected worker's token is still accepted.
-func (a *authenticator) workerTokenValid(h credential.Hash) bool {
-	return !a.workerAuth || a.cur.Load().workers.Holds(h)
+// workerIDRefused is the 403 of a worker token the tokens file binds to other ids.
+const workerIDRefused = "this worker token may not connect under this Worker-Id: the worker tokens file binds it to other worker ids"
+
+// workerRevoked says why a connected worker's token is no longer accepted for its id,
+// or nil when it still is.
+func (a *authenticator) workerRevoked(h credential.Hash, id string) *Disconnect {
+	if !a.workerAuth {
+		return nil
+	}
+	w := a.cur.Load().workers
+	switch {
+	case !w.set.Holds(h):
+		return errRevoked
+	case !w.serves(h, id):
+		return errUnbound
+	}
+	return nil
 }
 
 // ReloadCredentials re-reads WorkerTokensFile and APIKeysFile (cmd/dispatcher calls it
@@ -227,17 +245,20 @@ func (d *Dispatcher) ReloadCredentials() error {
 	d.auth.cur.Store(creds)
 	revoked := 0
 	for _, wc := range d.hub.connections() {
-		if !d.auth.workerTokenValid(wc.credential) {
-			wc.close(errRevoked)
+		if why := d.auth.workerRevoked(wc.credential, wc.id); why != nil {
+			wc.close(why)
 			revoked++
 		}
 	}
-	d.log.Info().Int("worker_tokens", len(creds.workers)).Int("api_keys", len(creds.producers)).
+	d.log.Info().Int("worker_tokens", len(creds.workers.set)).Int("worker_tokens_bound", len(creds.workers.bound)).Int("api_keys", len(creds.producers)).
 		Int("workers_revoked", revoked).Msg("credentials reloaded")
 	return nil
 }
 
-var errRevoked = &Disconnect{Code: pb.CloseCode_CLOSE_CODE_UNAUTHORIZED, Reason: "worker token revoked"}
+var (
+	errRevoked = &Disconnect{Code: pb.CloseCode_CLOSE_CODE_UNAUTHORIZED, Reason: "worker token revoked"}
+	errUnbound = &Disconnect{Code: pb.CloseCode_CLOSE_CODE_UNAUTHORIZED, Reason: "worker token no longer serves this worker id (worker tokens file)"}
+)
 
 // isLoopback reports whether a listen address only accepts local connections. An
 // empty host means every interface; a host name other than localhost is not trusted

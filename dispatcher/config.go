@@ -96,9 +96,10 @@ type Config struct {
 	// WorkerTokens are the bearer tokens accepted on /worker-listen. With neither
 	// WorkerTokens nor WorkerTokensFile, workers connect without credentials.
 	WorkerTokens []string
-	// WorkerTokensFile holds more worker tokens, one per line (# comments); it is
-	// re-read by ReloadCredentials. Empty means none. A file, even empty, turns worker
-	// auth on.
+	// WorkerTokensFile holds more worker tokens, one per line (# comments); a token
+	// followed by worker-id=<id> fields serves only those ids (a trailing * is a
+	// prefix). It is re-read by ReloadCredentials. Empty means none. A file, even empty,
+	// turns worker auth on.
 	WorkerTokensFile string
 	// APIKeys are the producer keys accepted on the task endpoints (Authorization:
 	// Bearer or X-API-Key). With neither APIKeys nor APIKeysFile, producers need none.

@@ -317,9 +317,9 @@ func (d *Dispatcher) serveWorker(c echo.Context) error {
 		close(wc.read)
 		return nil
 	}
-	if !d.auth.workerTokenValid(wc.credential) { // revoked while it said hello
+	if why := d.auth.workerRevoked(wc.credential, wc.id); why != nil { // revoked while it said hello
 		d.hub.removeWorker(wc)
-		wc.close(errRevoked)
+		wc.close(why)
 	}
 	wc.log.Info().Str("worker_id", id).Uint32("max_labels", hello.GetMaxLabels()).Uint32("slots", hello.GetSlots()).
 		Strs("labels", hello.GetHeldLabels()).Str("agent", wc.agent).Msg("worker connected")

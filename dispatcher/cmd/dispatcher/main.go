@@ -84,7 +84,7 @@ func run(args []string) error {
 	sendQueue := fs.Int("send-queue-frames", 1024, "frames queued for one worker before it is cut off as too slow")
 	maxFrame := fs.Int64("max-frame-bytes", 16<<20, "largest frame read from a worker; larger closes the connection")
 	workerTokens := fs.String("worker-token", "", "comma-separated bearer tokens accepted from workers on /worker-listen (prefer the env var: flags show in ps)")
-	workerTokensFile := fs.String("worker-tokens-file", "", "file of worker tokens, one per line, # comments; re-read on SIGHUP")
+	workerTokensFile := fs.String("worker-tokens-file", "", "file of worker tokens, one per line, # comments; \"<token> worker-id=<id>...\" binds a token to those ids (id* a prefix); re-read on SIGHUP")
 	apiKeys := fs.String("api-key", "", "comma-separated API keys accepted from producers (prefer the env var: flags show in ps)")
 	apiKeysFile := fs.String("api-keys-file", "", "file of API keys, one per line, # comments; re-read on SIGHUP")
 	opsAuth := fs.Bool("ops-auth", false, "the ops endpoints (/workers, /labels, /metrics) need an API key too; --pprof-addr is not covered")
