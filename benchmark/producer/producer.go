@@ -329,20 +329,18 @@ func isView(resp taskResponse) bool { return resp.TaskID != "" && resp.Status !=
 
 // dispatched says whether the answer to POST /run-task shows that the dispatcher took
 // the task in. A synchronous task that ran and failed is answered with the task's
-// view and the status of the failure (502, 503, 504); an asynchronous one got 202 and
-// learns of the failure from GET /tasks/{id}: both were dispatched. A refusal at
-// admission was not, whether it carries only an error or the task's view.
+// view and the status of the failure (502, 503, 504: its deadline passed queued or
+// running, or its worker overran it); an asynchronous one got 202 and learns of the
+// failure from GET /tasks/{id}: both were dispatched. A refusal at admission was
+// not, whether it carries only an error or the task's view.
 func dispatched(status int, resp taskResponse) bool {
 	switch {
 	case status == http.StatusOK || status == http.StatusAccepted:
 		return true
-	case status == http.StatusGatewayTimeout:
-		// Only a task taken in has a deadline to pass: queued, running, or overdue with
-		// no word from its worker (that answer carries only an error).
-		return true
 	case !isView(resp):
 		// Refused at admission: a bad body (400, 413), auth (401, 403), full queues
-		// (429), shutting down or the journal failing (503); or not the dispatcher.
+		// (429), shutting down or the journal failing (503); or not the dispatcher's
+		// answer (a proxy's 502 or 504). Every 504 of the dispatcher carries the view.
 		return false
 	case status == http.StatusServiceUnavailable && resp.Attempts == 0:
 		// Failed as it was routed, before any worker had it: no connected worker can

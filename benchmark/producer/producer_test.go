@@ -280,7 +280,8 @@ func TestRunFailures(t *testing.T) {
 }
 
 // A synchronous task that the dispatcher took in and that then failed is answered
-// with the task's view and the failure's status (502 worker error, 504 deadline); an
+// with the task's view and the failure's status (502 worker error, 504 deadline or a
+// worker's overrun); an
 // asynchronous one gets 202 and the same view from GET /tasks/{id}. Both were
 // dispatched: "Total Dispatched Jobs" must not depend on sync vs async. Only 200 and
 // 202 used to count, and the synchronous record lost the view (status, worker, miss).
@@ -308,7 +309,9 @@ func TestSyncFailureAfterAdmissionCountsAsDispatched(t *testing.T) {
 		{"load failed on every attempt", http.StatusBadGateway, func(id string) any { return view(id, "failed", 3, "w1", "load failed: oom") }, true, "failed"},
 		{"deadline while running", http.StatusGatewayTimeout, func(id string) any { return view(id, "failed", 1, "w1", "deadline exceeded while running: ") }, true, "failed"},
 		{"deadline while queued", http.StatusGatewayTimeout, func(id string) any { return view(id, "failed", 0, "", "deadline exceeded") }, true, "failed"},
-		{"overdue, worker silent", http.StatusGatewayTimeout, errorOnly("deadline exceeded; task x is still running"), true, ""},
+		{"worker overran the deadline", http.StatusGatewayTimeout, func(id string) any {
+			return view(id, "failed", 1, "w1", `deadline exceeded: worker "w1" overran it by 5s and did not answer; its attempt was cancelled`)
+		}, true, "failed"},
 		{"workers lost on every attempt", http.StatusServiceUnavailable, func(id string) any { return view(id, "failed", 3, "", "too many attempts") }, true, "failed"},
 		// Refusals: the task was never taken in.
 		{"no worker can load the label", http.StatusServiceUnavailable, func(id string) any {
@@ -319,6 +322,10 @@ func TestSyncFailureAfterAdmissionCountsAsDispatched(t *testing.T) {
 		{"bad body", http.StatusBadRequest, errorOnly("label is required"), false, ""},
 		{"too large", http.StatusRequestEntityTooLarge, errorOnly("body larger than 1 bytes"), false, ""},
 		{"a proxy's bad gateway", http.StatusBadGateway, func(string) any { return "<html>bad gateway</html>" }, false, ""},
+		// A dispatcher's 504 always carries the task's view; one without is not its
+		// answer, and says nothing of whether the task was taken in.
+		{"a proxy's gateway timeout", http.StatusGatewayTimeout, func(string) any { return "<html>gateway timeout</html>" }, false, ""},
+		{"a 504 without the task's view", http.StatusGatewayTimeout, errorOnly("upstream request timeout"), false, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
