@@ -150,3 +150,135 @@ func BenchmarkBusyFleet(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkPickBacklog measures a completion that refills its worker from a standing
+// queue, then a submission that joins the queue: the pick path, which BenchmarkAssign
+// (whose queue is always empty) never reaches. 8 workers of 1 slot and 2 labels, 6
+// labels, 32 tasks queued; every task is one any worker may take.
+func BenchmarkPickBacklog(b *testing.B) {
+	clock := &fakeClock{now: time.Unix(0, 0)}
+	s, err := New(Config{Seed: 1}, clock)
+	if err != nil {
+		b.Fatal(err)
+	}
+	labels := []string{"l0", "l1", "l2", "l3", "l4", "l5"}
+	for i := 0; i < 8; i++ {
+		spec := WorkerSpec{ID: fmt.Sprintf("w%d", i), MaxLabels: 2, Slots: 1,
+			Labels: []string{labels[i%6], labels[(i+1)%6]}}
+		if _, err := s.AddWorker(spec); err != nil {
+			b.Fatal(err)
+		}
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	pool := make([]Task, 40) // 8 running and 32 queued
+	var running, done []*Task
+	for i := range pool {
+		done = append(done, &pool[i])
+	}
+	submit := func() {
+		t := done[len(done)-1]
+		done = done[:len(done)-1]
+		*t = Task{ID: "t", Label: labels[rng.IntN(len(labels))]}
+		out, err := s.Submit(t)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, a := range out.Assigned {
+			running = append(running, a.Task)
+		}
+	}
+	for i := 0; i < 40; i++ {
+		submit()
+	}
+	if s.QueuedTasks() == 0 {
+		b.Fatal("no backlog")
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		t := running[0]
+		running = append(running[:0], running[1:]...) // in place: the benchmark allocates nothing
+		out, err := s.Complete(t.WorkerID(), t, Observation{RunTime: 50 * time.Millisecond})
+		if err != nil {
+			b.Fatal(err)
+		}
+		done = append(done, t)
+		for _, a := range out.Assigned {
+			running = append(running, a.Task)
+		}
+		submit()
+	}
+	b.StopTimer()
+	if q := s.QueuedTasks(); q != 32 {
+		b.Fatalf("%d queued at the end, want the backlog of 32 kept", q)
+	}
+}
+
+// BenchmarkPickPastUnloadable measures a completion on a worker whose backend lists
+// `loadable` labels, in a queue led by `ahead` tasks of a label only another, busy,
+// worker can load: the freed worker walks past them for rule 4 before it takes the next
+// task of the label it holds (then a new task of that label joins the queue). With
+// ahead past passOverWalk the walk alone cannot see what lies behind them.
+func BenchmarkPickPastUnloadable(b *testing.B) {
+	for _, ahead := range []int{16, 200} {
+		for _, loadable := range []int{2, 1000} {
+			b.Run(fmt.Sprintf("ahead=%d/loadable=%d", ahead, loadable), func(b *testing.B) {
+				benchPickPastUnloadable(b, ahead, loadable)
+			})
+		}
+	}
+}
+
+func benchPickPastUnloadable(b *testing.B, ahead, loadable int) {
+	clock := &fakeClock{now: time.Unix(0, 0)}
+	s, err := New(Config{Seed: 1, FleetSettle: time.Hour}, clock)
+	if err != nil {
+		b.Fatal(err)
+	}
+	list := []string{"c"}
+	for i := 1; i < loadable; i++ {
+		list = append(list, fmt.Sprintf("other-%d", i))
+	}
+	if _, err := s.AddWorker(WorkerSpec{ID: "ha", MaxLabels: 1, Slots: 1, Labels: []string{"a"}, Loadable: []string{"a"}}); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := s.AddWorker(WorkerSpec{ID: "w", MaxLabels: 1, Slots: 1, Labels: []string{"c"}, Loadable: list}); err != nil {
+		b.Fatal(err)
+	}
+	queuedA := make([]Task, ahead+1)
+	for i := range queuedA { // the first runs on ha for good, the rest wait for it
+		queuedA[i] = Task{ID: fmt.Sprint("a", i), Label: "a"}
+		if _, err := s.Submit(&queuedA[i]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	pool := make([]Task, 4)
+	var cur *Task
+	for i := 0; i < 2; i++ { // one runs on w, one waits
+		pool[i] = Task{ID: "c", Label: "c"}
+		out, err := s.Submit(&pool[i])
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(out.Assigned) == 1 {
+			cur = out.Assigned[0].Task
+		}
+	}
+	if cur == nil || s.QueuedTasks() != ahead+1 {
+		b.Fatalf("set-up: running %v, %d queued, want %d", cur, s.QueuedTasks(), ahead+1)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		out, err := s.Complete("w", cur, Observation{RunTime: 50 * time.Millisecond})
+		if err != nil || len(out.Assigned) != 1 || out.Assigned[0].Task.Label != "c" {
+			b.Fatalf("complete: %v %+v", err, out)
+		}
+		cur = out.Assigned[0].Task
+		t := &pool[(i+2)%len(pool)]
+		*t = Task{ID: "c", Label: "c"}
+		if out, err := s.Submit(t); err != nil || len(out.Assigned) != 0 {
+			b.Fatalf("submit: %v %+v", err, out)
+		}
+	}
+}
