@@ -138,8 +138,18 @@ func check(t *testing.T, s *Scheduler) {
 			t.Fatalf("label %s should have been forgotten", name)
 		}
 		m := 0
+		var fresh *Task // the last task queued on submission seen so far
 		for q := ls.queue.head; q != nil; q = q.byLabel.next {
 			m++
+			// appendAged's premise: requeued tasks first, then the rest oldest first.
+			switch {
+			case q.requeued && fresh != nil:
+				t.Fatalf("label %s: requeued %s behind %s, queued on submission", name, q.ID, fresh.ID)
+			case !q.requeued && fresh != nil && q.Enqueued.Before(fresh.Enqueued):
+				t.Fatalf("label %s: %s queued on submission behind the younger %s", name, q.ID, fresh.ID)
+			case !q.requeued:
+				fresh = q
+			}
 		}
 		if m != ls.queued {
 			t.Fatalf("label %s list %d queued %d", name, m, ls.queued)

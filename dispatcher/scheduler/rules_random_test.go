@@ -165,20 +165,26 @@ func (f *ruleRun) noLostWakeUp(call string) {
 	}
 }
 
-// agedServed: after a Rebalance, none of the oldest tasks past its pass-over bound
-// waits while a free worker could take it.
+// agedServed: after a Rebalance, no free worker leaves waiting a task past its
+// pass-over bound that it can take, among the passOverScan oldest it could ever take
+// (tasks it can never take, however many, hide none of them).
 func (f *ruleRun) agedServed(call string) {
 	s := f.b.s
 	if s.cfg.Policy == PolicyRandom {
 		return
 	}
-	n := 0
-	for q := s.queue.head; q != nil && n < passOverScan; q, n = q.global.next, n+1 {
-		if !s.passedOverTooLong(q) {
+	for i := range ruleWorkers {
+		w := s.workers[fmt.Sprintf("w%d", i)]
+		if w == nil || !w.isFree() {
 			continue
 		}
-		for _, w := range s.workers {
-			if w.isFree() && w.takes(q) && s.canTake(w, q) {
+		n := 0
+		for q := s.queue.head; q != nil && n < passOverScan; q = q.global.next {
+			if q.excludes(w.id) || (!w.canLoad(q.Label) && w.find(q.Label) < 0) {
+				continue
+			}
+			n++
+			if s.passedOverTooLong(q) && w.takes(q) && s.canTake(w, q) {
 				f.fail("%s: %s (%s) is past its bound and waits while free %s can take it", call, q.ID, q.Label, w.id)
 			}
 		}

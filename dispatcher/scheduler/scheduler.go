@@ -293,6 +293,8 @@ type Scheduler struct {
 	// calls visit every free worker in turn rather than the same last few.
 	offerPos int
 	offerBuf []*worker
+	// agedBuf is agedBehind's scratch list, kept to spare the allocation.
+	agedBuf []*Task
 
 	// wakeWorkers are workers whose reservation went with its task (the task left the
 	// queue) or whose slot a withdrawn assignment freed, and wakeLabels labels whose
@@ -1604,7 +1606,9 @@ func (s *Scheduler) failUnloadable() {
 const passOverScan = 8
 
 // passOverWalk bounds how many queued tasks one pick walks past, counting those that
-// passOverScan and the backlog scan do not.
+// passOverScan and the backlog scan do not. Rule 4's walk counts against it only the
+// tasks whose label the worker cannot load; past it, agedBehind looks on through the
+// labels' own queues.
 const passOverWalk = 64
 
 // pick chooses the next task for a worker that has a free slot, or nil. Every task it
@@ -1641,26 +1645,36 @@ func (s *Scheduler) pick(w *worker) *Task {
 	// this worker may be unable to take (its backend cannot load it, or it failed here).
 	// n counts only tasks this worker could ever take: those it never can (their label
 	// is not loadable here, or failed to load here) do not count, so that older tasks
-	// for other workers cannot hide an aged task w could take behind them; walked is
-	// the hard bound. (Counting one task per label backlog instead looks further down
-	// the queue: with a tight bound, 5 loads, the 4-slot simulation then served aged
-	// tasks all the more FIFO, 459 misses and 12.5 s mean latency against 298 and 6.6 s.)
-	n := 0
-	for t, walked := head, 0; t != nil && n < passOverScan && walked < passOverWalk; t, walked = t.global.next, walked+1 {
-		if t.excludes(w.id) || (!w.canLoad(t.Label) && w.find(t.Label) < 0) {
+	// for other workers cannot hide an aged task w could take behind them. (Counting one
+	// task per label backlog instead looks further down the queue: with a tight bound,
+	// 5 loads, the 4-slot simulation then served aged tasks all the more FIFO, 459
+	// misses and 12.5 s mean latency against 298 and 6.6 s.)
+	//
+	// The walk's cost stays bounded. A task that failed to load here is passed without
+	// limit: each is a load that failed on w, and a label that keeps failing is marked
+	// failing and its queue emptied, so they are few. (Bounding them too let a worker
+	// whose loads had failed 64 times in a row sit idle beside an aged task it could
+	// load.) A task whose label w's backend cannot load is bounded, by passOverWalk:
+	// a backlog for other workers can be any length. Past that bound, agedBehind looks
+	// through the queues of the labels w can take instead, so that no such backlog
+	// hides an aged task from w.
+	n, unloadable := 0, 0
+	for t := head; t != nil && n < passOverScan; t = t.global.next {
+		if t.excludes(w.id) {
+			continue
+		}
+		if !w.canLoad(t.Label) && w.find(t.Label) < 0 {
+			if unloadable++; unloadable == passOverWalk {
+				if t := s.agedBehind(w); t != nil {
+					return t
+				}
+				break
+			}
 			continue
 		}
 		n++
-		if !s.passedOverTooLong(t) {
-			continue
-		}
-		if w.takes(t) && s.canTake(w, t) {
+		if s.takesAged(w, t) {
 			return t
-		}
-		// Its labels all in use, w could load t once one is not: it frees one for t,
-		// unless another worker does (one is enough; the fleet keeps serving).
-		if w.reservedFor == nil && t.reservedOn == nil && mayLoad(w, t) {
-			s.reserve(w, t)
 		}
 	}
 	// The oldest task for a label this worker holds.
@@ -1698,6 +1712,85 @@ func (s *Scheduler) pick(w *worker) *Task {
 	return nil
 }
 
+// takesAged reports whether w should start t now by rule 4: t has waited past its
+// bound and w can take it. When t has and w could load it once a label of its own is
+// idle (all are in use), w frees one for t, unless another worker does (one is enough;
+// the fleet keeps serving).
+func (s *Scheduler) takesAged(w *worker, t *Task) bool {
+	if !s.passedOverTooLong(t) {
+		return false
+	}
+	if w.takes(t) && s.canTake(w, t) {
+		return true
+	}
+	if w.reservedFor == nil && t.reservedOn == nil && mayLoad(w, t) {
+		s.reserve(w, t)
+	}
+	return false
+}
+
+// agedBehind is rule 4's walk carried on past passOverWalk tasks that w's backend
+// cannot load (so w has a list of loadable labels): it returns the oldest task past its
+// bound that w should start now (see takesAged), or nil. It looks, oldest first, at one
+// task past its bound per queue of a label w can load or holds (see appendAged): w can
+// take all of a label's tasks or none, but those that failed to load on it. Its cost is
+// in the labels (those w lists, or those known when fewer), whatever the length of the
+// backlogs w cannot take; and only a worker behind such a backlog pays it.
+func (s *Scheduler) agedBehind(w *worker) *Task {
+	aged := s.agedBuf[:0]
+	if len(s.labels) < len(w.loadable) {
+		for name, ls := range s.labels {
+			if ls.queued > 0 && (w.canLoad(name) || w.heldOf(ls) != nil) {
+				aged = s.appendAged(aged, ls, w)
+			}
+		}
+	} else {
+		for name := range w.loadable {
+			if ls := s.labels[name]; ls != nil && ls.queued > 0 {
+				aged = s.appendAged(aged, ls, w)
+			}
+		}
+		for _, h := range w.held { // held but no longer listed (see SetLoadable)
+			if h.state.queued > 0 && !w.canLoad(h.label) {
+				aged = s.appendAged(aged, h.state, w)
+			}
+		}
+	}
+	// By age, as the walk meets them: the maps' order must not decide (determinism).
+	slices.SortFunc(aged, func(a, b *Task) int { return cmp.Compare(a.seq, b.seq) })
+	var take *Task
+	for _, t := range aged {
+		if s.takesAged(w, t) {
+			take = t
+			break
+		}
+	}
+	clear(aged)
+	s.agedBuf = aged[:0]
+	return take
+}
+
+// appendAged appends to aged the first task in ls's queue past its bound that w may
+// take (one that did not fail to load on w; as in the walk, those are passed without
+// limit), if there is one. The queue holds its requeued tasks first, in no order of
+// age, then those queued on submission, oldest first and sharing the label's bound: so
+// the walk ends at the first of those, whether past its bound or not, having looked at
+// as many tasks as attempts were lost, refused or failed, and no more.
+func (s *Scheduler) appendAged(aged []*Task, ls *labelState, w *worker) []*Task {
+	for t := ls.queue.head; t != nil; t = t.byLabel.next {
+		if t.excludes(w.id) {
+			continue
+		}
+		if s.passedOverTooLong(t) {
+			return append(aged, t)
+		}
+		if !t.requeued {
+			break
+		}
+	}
+	return aged
+}
+
 // oldestTakeable is the first task from t on in the global queue, among passOverWalk,
 // that w may take now (see takes and canTake), or nil.
 func (s *Scheduler) oldestTakeable(w *worker, t *Task) *Task {
@@ -1724,6 +1817,7 @@ func (s *Scheduler) enqueue(t *Task, front bool) {
 	ls := s.label(t.Label)
 	t.state = stateQueued
 	t.labelState = ls
+	t.requeued = front
 	if front {
 		s.queue.pushFront(t)
 		ls.queue.pushFront(t)

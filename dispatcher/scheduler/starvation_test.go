@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"fmt"
 	"testing"
 	"time"
 )
@@ -189,6 +190,69 @@ func TestRandomModeWorkerThatCannotTakeHeadTakesOldestItCan(t *testing.T) {
 	}
 	if a := one(t, b.complete(a2, false)); a.Task != a3 {
 		t.Fatalf("wa took %s, want %s", a.Task.ID, a3.ID)
+	}
+	check(t, b.s)
+}
+
+// Rule 4's bound behind more queued tasks than the pass-over walk looks past: a worker
+// whose backend lists few labels, in a queue led by a backlog only another (busy)
+// worker can load. The aged task it can load must not be passed over for a younger
+// task of the label it holds (the walk stopped after passOverWalk untakeable tasks, so
+// the aged one was never seen).
+func TestAgedTaskNotHiddenBehindALongBacklogTheWorkerCannotLoad(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{FleetSettle: time.Hour}) // bound: max(2 s, 100 × 400 ms) = 40 s
+	b.spec(WorkerSpec{ID: "ha", MaxLabels: 1, Slots: 1, Labels: []string{"a"}, Loadable: []string{"a"}})
+	b.spec(WorkerSpec{ID: "w", MaxLabels: 1, Slots: 1, Labels: []string{"c"}, Loadable: []string{"b", "c"}})
+	if a := one(t, b.submit(b.task("a"))); a.WorkerID != "ha" {
+		t.Fatalf("a on %s, want ha", a.WorkerID)
+	}
+	runC := b.task("c")
+	if a := one(t, b.submit(runC)); a.WorkerID != "w" {
+		t.Fatalf("c on %s, want w", a.WorkerID)
+	}
+	for i := 0; i < 2*passOverWalk; i++ {
+		none(t, b.submit(b.task("a"))) // only ha can load a, and it is busy
+	}
+	aged := b.task("b")
+	none(t, b.submit(aged)) // w, the only worker that can load b, is busy
+	young := b.task("c")
+	none(t, b.submit(young))
+	b.clock.advance(time.Minute)
+	a := one(t, b.complete(runC, false))
+	if a.Task != aged || !a.Load || a.EvictLabel != "c" {
+		t.Fatalf("w took %s (load %v, evicting %q), want the aged %s loading b evicting c",
+			a.Task.ID, a.Load, a.EvictLabel, aged.ID)
+	}
+	check(t, b.s)
+}
+
+// The same behind tasks whose label failed to load on the freed worker, for a worker
+// that can load any label: each failed load sends its task back to the front of the
+// queue, excluded from that worker for good.
+func TestAgedTaskNotHiddenBehindManyTasksThatFailedOnTheWorker(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{FleetSettle: time.Hour})
+	b.worker("hb", 1, 1, "b")
+	b.worker("hy", 1, 1, "y") // can load any label: the failed tasks may still run there
+	b.worker("w", 1, 1)
+	one(t, b.submit(b.task("b")))
+	one(t, b.submit(b.task("y")))
+	aged := b.task("b")
+	none(t, b.submit(aged)) // hb frees within 50 ms: waiting beats a load on w
+	for i := 0; i < 2*passOverWalk; i++ {
+		x := b.task(fmt.Sprintf("x%d", i)) // a label each: none is marked failing
+		if a := one(t, b.submit(x)); a.WorkerID != "w" {
+			t.Fatalf("%s on %s, want w", x.ID, a.WorkerID)
+		}
+		if again, failed := b.loadFailed(x, "no such model"); len(again) != 0 || len(failed) != 0 {
+			t.Fatalf("after the failed load of %s: assigned %+v, failed %+v; want it queued", x.ID, again, failed)
+		}
+	}
+	b.clock.advance(time.Minute) // the aged task is past its bound (40 s)
+	as := b.s.Rebalance().Assigned
+	if len(as) != 1 || as[0].Task != aged || as[0].WorkerID != "w" || !as[0].Load {
+		t.Fatalf("got %+v, want the aged %s loading b on w", as, aged.ID)
 	}
 	check(t, b.s)
 }

@@ -35,9 +35,13 @@ type Task struct {
 	// Ref is the owner's handle on its own record of the task.
 	Ref any
 
-	state  taskState
-	seq    uint64
-	worker *worker
+	state taskState
+	// requeued marks a queued task that went back to the front of the queues (a lost,
+	// refused or failed attempt): the queues hold such tasks first, then the tasks
+	// queued on submission in the order they came. See appendAged.
+	requeued bool
+	seq      uint64
+	worker   *worker
 	// labelState is the label's state while the task is placed (set by Submit), queued
 	// (by enqueue) or runs (by assign); stale after. The label cannot be forgotten
 	// meanwhile: a queued task counts in its queue and a running one's label is held.
