@@ -160,6 +160,19 @@ func check(t *testing.T, s *Scheduler) {
 			t.Fatalf("queued label %s has no state", name)
 		}
 	}
+	unserved := 0
+	for name, ls := range s.labels {
+		want := ls.queued > 0 && ls.active == 0
+		if want {
+			unserved++
+		}
+		if want != (ls.unservedPos >= 0) || (want && s.unserved[ls.unservedPos] != ls) {
+			t.Fatalf("label %s: queued %d, active %d, unservedPos %d", name, ls.queued, ls.active, ls.unservedPos)
+		}
+	}
+	if unserved != len(s.unserved) {
+		t.Fatalf("%d labels unserved, the set has %d", unserved, len(s.unserved))
+	}
 	for i, d := range s.deadline {
 		if d.heapIdx != i || d.state != stateQueued {
 			t.Fatalf("heap %d: idx %d state %d", i, d.heapIdx, d.state)

@@ -24,6 +24,7 @@ type ruleRun struct {
 	r      *rand.Rand
 	over   *rand.Rand // draws the overrun calls (see overruns)
 	unsent *rand.Rand // draws the assignments withdrawn (see withdraw)
+	burst  *rand.Rand // draws the bursts of submissions, when the config has them (see bursts)
 	tasks  []*Task
 	log    []string // the calls so far
 	trace  []string // what their Outcomes decided
@@ -70,11 +71,19 @@ func describe(s *Scheduler) string {
 		sb.WriteString("\n")
 	}
 	sb.WriteString("  queue:")
-	for q := s.queue.head; q != nil; q = q.global.next {
+	n := 0
+	for q := s.queue.head; q != nil; q, n = q.global.next, n+1 {
+		if n == describeQueued && s.queued > n+1 { // a burst's backlog would drown the rest
+			fmt.Fprintf(&sb, " ... %d more ...", s.queued-n-1)
+			q = s.queue.tail
+		}
 		fmt.Fprintf(&sb, " %s(%s, waited %v)", q.ID, q.Label, s.now.Sub(q.Enqueued))
 	}
 	return sb.String()
 }
+
+// describeQueued is how many queued tasks describe lists before the last.
+const describeQueued = 40
 
 // loadedCopy reports whether w holds label loaded (not pending, not doomed).
 func loadedCopy(w *worker, label string) bool {
@@ -89,6 +98,12 @@ type ruleSnapshot struct {
 }
 
 func (f *ruleRun) snapshot() ruleSnapshot {
+	f.before = describe(f.b.s)
+	return f.state()
+}
+
+// state is snapshot without the description of the scheduler, which costs most.
+func (f *ruleRun) state() ruleSnapshot {
 	sn := ruleSnapshot{running: map[*Task]string{}, loading: map[string]map[string]bool{}}
 	for _, w := range f.b.s.workers {
 		for _, r := range w.running {
@@ -103,7 +118,6 @@ func (f *ruleRun) snapshot() ruleSnapshot {
 			}
 		}
 	}
-	f.before = describe(f.b.s)
 	return sn
 }
 
@@ -217,6 +231,9 @@ func (f *ruleRun) step(step int) {
 		tk := &Task{ID: fmt.Sprintf("t%d", step), Label: f.label()}
 		if r.IntN(2) == 0 {
 			tk.Deadline = b.clock.now.Add(time.Duration(1+r.IntN(3000)) * time.Millisecond)
+		}
+		if f.burst != nil && f.bursts(step, tk.Label) {
+			before = f.snapshot()
 		}
 		idleHolder := ""
 		for _, w := range s.workers {
@@ -404,6 +421,26 @@ func (f *ruleRun) overruns(call string, before ruleSnapshot, out *Outcome) {
 	}
 }
 
+// bursts submits, now and then, more tasks of one label at once than the pass-over walk
+// looks past (passOverWalk), with no deadline, before the step's own submission: a
+// backlog that a worker whose backend cannot load the label must see past. It reports
+// whether it did.
+func (f *ruleRun) bursts(step int, label string) bool {
+	if f.burst.IntN(6) != 0 {
+		return false
+	}
+	s := f.b.s
+	f.snapshot() // a violation shows the scheduler before the burst: describing it before each submission cost most of the test's time
+	for i, n := 0, passOverWalk+1+f.burst.IntN(passOverWalk); i < n; i++ {
+		before := f.state()
+		tk := &Task{ID: fmt.Sprintf("t%d.%d", step, i), Label: label}
+		out, _ := s.Submit(tk)
+		f.tasks = append(f.tasks, tk)
+		f.finishStep(fmt.Sprintf("Submit(%s %s), burst", tk.ID, tk.Label), before, out, false)
+	}
+	return true
+}
+
 // standIn is the first stand-in of an overrun attempt, in worker id order, or nil.
 func (f *ruleRun) standIn() *Task {
 	for i := range ruleWorkers {
@@ -479,12 +516,16 @@ func (f *ruleRun) finishStep(call string, before ruleSnapshot, out *Outcome, pen
 	}
 }
 
-// runRules runs steps random calls on a scheduler with cfg and seed. It returns the
-// Outcomes' decisions, and a violation with the calls that led to it, or "".
-func runRules(t *testing.T, cfg Config, seed uint64, steps int) (trace []string, violation string) {
+// runRules runs steps random calls on a scheduler with rc's config and seed. It returns
+// the Outcomes' decisions, and a violation with the calls that led to it, or "".
+func runRules(t *testing.T, rc ruleConfig, seed uint64, steps int) (trace []string, violation string) {
+	cfg := rc.cfg
 	cfg.Seed, cfg.MaxAttempts, cfg.FleetSettle = seed, 2, time.Second
 	f := &ruleRun{t: t, b: setup(t, cfg), r: rand.New(rand.NewPCG(seed, 99)), over: rand.New(rand.NewPCG(seed, 7)),
 		unsent: rand.New(rand.NewPCG(seed, 13))}
+	if rc.bursts {
+		f.burst = rand.New(rand.NewPCG(seed, 17))
+	}
 	defer func() {
 		if v := recover(); v != nil {
 			rv, ok := v.(ruleViolation)
@@ -501,12 +542,34 @@ func runRules(t *testing.T, cfg Config, seed uint64, steps int) (trace []string,
 	return f.trace, ""
 }
 
+// ruleConfig is a config the rules are checked under, and whether submissions come in
+// bursts now and then (see bursts).
+type ruleConfig struct {
+	cfg    Config
+	bursts bool
+}
+
+// seeds is how many of n seeds to run with rc: a third with bursts, whose steps cost
+// far more (every call is checked against a queue of hundreds).
+func (rc ruleConfig) seeds(n uint64) uint64 {
+	if rc.bursts {
+		return n / 3
+	}
+	return n
+}
+
+func (rc ruleConfig) String() string {
+	return fmt.Sprintf("%s, pass-over %v, bursts %v", rc.cfg.Policy, rc.cfg.MaxPassOver, rc.bursts)
+}
+
 // ruleConfigs: both policies, and a pass-over bound short enough (300 ms) that
-// workers reserve themselves for aged tasks.
-var ruleConfigs = []Config{
-	{Policy: PolicyAffinity},
-	{Policy: PolicyRandom},
-	{Policy: PolicyAffinity, MaxPassOver: 300 * time.Millisecond, PassOverLoads: 0.5},
+// workers reserve themselves for aged tasks, without and with bursts (the last is
+// added last, so that the fuzz corpus's config numbers keep their meaning).
+var ruleConfigs = []ruleConfig{
+	{cfg: Config{Policy: PolicyAffinity}},
+	{cfg: Config{Policy: PolicyRandom}},
+	{cfg: Config{Policy: PolicyAffinity, MaxPassOver: 300 * time.Millisecond, PassOverLoads: 0.5}},
+	{cfg: Config{Policy: PolicyAffinity, MaxPassOver: 300 * time.Millisecond, PassOverLoads: 0.5}, bursts: true},
 }
 
 func TestRandomOperationsKeepRules(t *testing.T) {
@@ -515,12 +578,12 @@ func TestRandomOperationsKeepRules(t *testing.T) {
 	if testing.Short() || raceDetector {
 		seeds = 60
 	}
-	for _, cfg := range ruleConfigs {
+	for _, rc := range ruleConfigs {
 		failures := 0
-		for seed := uint64(0); seed < seeds && failures < 3; seed++ {
-			if _, v := runRules(t, cfg, seed, 300); v != "" {
+		for seed := uint64(0); seed < rc.seeds(seeds) && failures < 3; seed++ {
+			if _, v := runRules(t, rc, seed, 300); v != "" {
 				failures++
-				t.Errorf("%s, pass-over %v, seed %d, %s", cfg.Policy, cfg.MaxPassOver, seed, v)
+				t.Errorf("%s, seed %d, %s", rc, seed, v)
 			}
 		}
 	}
@@ -533,15 +596,15 @@ func TestRandomOperationsDeterministic(t *testing.T) {
 	if testing.Short() || raceDetector {
 		seeds = 10
 	}
-	for _, cfg := range ruleConfigs {
-		for seed := uint64(0); seed < seeds; seed++ {
-			first, v1 := runRules(t, cfg, seed, 300)
-			second, v2 := runRules(t, cfg, seed, 300)
+	for _, rc := range ruleConfigs {
+		for seed := uint64(0); seed < rc.seeds(seeds); seed++ {
+			first, v1 := runRules(t, rc, seed, 300)
+			second, v2 := runRules(t, rc, seed, 300)
 			if v1 != "" || v2 != "" {
 				continue // TestRandomOperationsKeepRules reports it
 			}
 			if strings.Join(first, ",") != strings.Join(second, ",") {
-				t.Fatalf("%s seed %d: two runs decided differently", cfg.Policy, seed)
+				t.Fatalf("%s, seed %d: two runs decided differently", rc, seed)
 			}
 		}
 	}

@@ -9,8 +9,10 @@
 //
 // Cost stays flat as the fleet grows: a task for a label goes to a member of that
 // label's idle-holder set, a load goes to a member of the free-worker sets, and a
-// worker that frees up looks only at the queues of the few labels it holds and at a
-// bounded prefix of the global queue. Nothing scans every worker or every label.
+// worker that frees up looks only at the queues of the few labels it holds, at a
+// bounded prefix of the global queue, and at the labels nobody serves (usually none).
+// Nothing scans every worker; only a worker behind more queued tasks than that prefix
+// that it cannot take looks at the queues of the labels its backend lists.
 package scheduler
 
 import (
@@ -295,6 +297,10 @@ type Scheduler struct {
 	offerBuf []*worker
 	// agedBuf is agedBehind's scratch list, kept to spare the allocation.
 	agedBuf []*Task
+	// unserved are the labels with tasks queued and no active holder, in no order (see
+	// noteServed): a free worker that can load one should (rule 2), and pick finds them
+	// here when its scan of the queue, a bounded stretch, did not reach them.
+	unserved []*labelState
 
 	// wakeWorkers are workers whose reservation went with its task (the task left the
 	// queue) or whose slot a withdrawn assignment freed, and wakeLabels labels whose
@@ -529,6 +535,7 @@ func (s *Scheduler) setAccepting(w *worker, accepting bool) {
 			h.state.active--
 			s.lostHolder(h.state, h.label)
 		}
+		s.noteServed(h.state)
 	}
 	w.accepting = accepting
 	if !accepting {
@@ -1514,6 +1521,26 @@ func (s *Scheduler) lostHolder(ls *labelState, label string) {
 	}
 }
 
+// noteServed keeps s.unserved true for ls after its queued tasks or its active
+// holders changed in number: O(1), so the queue and the holders pay nothing for it.
+func (s *Scheduler) noteServed(ls *labelState) {
+	unserved := ls.queued > 0 && ls.active == 0
+	if unserved == (ls.unservedPos >= 0) {
+		return
+	}
+	if unserved {
+		ls.unservedPos = len(s.unserved)
+		s.unserved = append(s.unserved, ls)
+		return
+	}
+	i, last := ls.unservedPos, len(s.unserved)-1
+	s.unserved[i] = s.unserved[last]
+	s.unserved[i].unservedPos = i
+	s.unserved[last] = nil
+	s.unserved = s.unserved[:last]
+	ls.unservedPos = -1
+}
+
 // rebalanceTries bounds how many free workers one offerFree call visits.
 const rebalanceTries = 32
 
@@ -1709,7 +1736,37 @@ func (s *Scheduler) pick(w *worker) *Task {
 			return t
 		}
 	}
-	return nil
+	// Else a label nobody serves that the scan did not reach: a long backlog of one
+	// label, or of labels w cannot load, can fill the stretch it looks at, and w idled
+	// beside a task it could load and no other worker would run.
+	return s.oldestUnserved(w)
+}
+
+// oldestUnserved is the oldest first task (see firstFor) of a label with tasks queued
+// and no active holder that w may load now, or nil. Its cost is in such labels, which
+// are few unless the fleet has no room to load them.
+func (s *Scheduler) oldestUnserved(w *worker) *Task {
+	if len(s.unserved) == 0 || w.reservedFor != nil { // reserved: it takes labels it holds, and no load
+		return nil
+	}
+	// canTake's test for room, once. A copy w holds of an unserved label is doomed (w
+	// accepts tasks), so w cannot take the label's tasks at all.
+	if len(w.held) >= w.capacity && s.lruVictim(w) < 0 {
+		return nil
+	}
+	var oldest *Task
+	for _, ls := range s.unserved {
+		for t := ls.queue.head; t != nil; t = t.byLabel.next {
+			if t.excludes(w.id) { // passed without limit, as in the pass-over walk
+				continue
+			}
+			if w.canLoad(t.Label) && w.find(t.Label) < 0 && (oldest == nil || t.seq < oldest.seq) {
+				oldest = t
+			}
+			break
+		}
+	}
+	return oldest
 }
 
 // takesAged reports whether w should start t now by rule 4: t has waited past its
@@ -1827,6 +1884,7 @@ func (s *Scheduler) enqueue(t *Task, front bool) {
 	}
 	s.queued++
 	ls.queued++
+	s.noteServed(ls)
 	t.heapIdx = -1
 	if !t.Deadline.IsZero() {
 		heap.Push(&s.deadline, t)
@@ -1843,6 +1901,7 @@ func (s *Scheduler) unqueue(t *Task) {
 	ls.queue.remove(t)
 	s.queued--
 	ls.queued--
+	s.noteServed(ls)
 	if t.heapIdx >= 0 {
 		heap.Remove(&s.deadline, t.heapIdx)
 	}
@@ -1858,7 +1917,7 @@ func (s *Scheduler) label(name string) *labelState {
 			ls = s.spareLabels[n-1]
 			s.spareLabels = s.spareLabels[:n-1]
 		} else {
-			ls = &labelState{queue: taskList{on: labelLinks}}
+			ls = &labelState{queue: taskList{on: labelLinks}, unservedPos: -1}
 		}
 		s.labels[name] = ls
 	}
@@ -1872,7 +1931,7 @@ func (s *Scheduler) maybeForget(name string, ls *labelState) {
 	if ls.holders == 0 && ls.queued == 0 {
 		delete(s.labels, name)
 		*ls = labelState{idle: workerSet{items: ls.idle.items[:0]}, all: workerSet{items: ls.all.items[:0]},
-			queue: taskList{on: labelLinks}}
+			queue: taskList{on: labelLinks}, unservedPos: -1} // nothing queued: not unserved
 		s.spareLabels = append(s.spareLabels, ls)
 	}
 }
@@ -1893,6 +1952,7 @@ func (s *Scheduler) addHeld(w *worker, label string, pending bool) {
 	ls.all.add(&h.allPos, w)
 	if w.accepting {
 		ls.active++
+		s.noteServed(ls)
 	}
 	if w.freePos >= 0 {
 		ls.idle.add(&h.idlePos, w)
@@ -1908,6 +1968,7 @@ func (s *Scheduler) doom(w *worker, h *heldLabel) {
 	if w.accepting {
 		h.state.active--
 		s.lostHolder(h.state, h.label)
+		s.noteServed(h.state)
 	}
 	h.doomed = true
 	if h.idlePos >= 0 {
@@ -1920,6 +1981,7 @@ func (s *Scheduler) undoom(w *worker, h *heldLabel) {
 	h.doomed = false
 	if w.accepting {
 		h.state.active++
+		s.noteServed(h.state)
 	}
 	if w.freePos >= 0 {
 		h.state.idle.add(&h.idlePos, w)
@@ -1934,6 +1996,7 @@ func (s *Scheduler) dropHeld(w *worker, i int) {
 	if w.accepting && !h.doomed {
 		h.state.active--
 		s.lostHolder(h.state, h.label)
+		s.noteServed(h.state)
 	}
 	h.state.all.remove(h.allPos)
 	h.state.holders--

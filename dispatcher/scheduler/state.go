@@ -221,7 +221,9 @@ type labelState struct {
 	all    workerSet
 	queue  taskList // this label's FIFO, through byLabel links
 	queued int
-	est    estimate
+	// unservedPos is the label's place in Scheduler.unserved, -1 when absent.
+	unservedPos int
+	est         estimate
 	// observed is true once est holds a measurement rather than the priors.
 	observed bool
 	// loads counts the loads measured into est.load.

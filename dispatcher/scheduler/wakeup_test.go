@@ -113,3 +113,50 @@ func TestDoomedPendingCopyQueueLoadsElsewhere(t *testing.T) {
 	}
 	check(t, b.s)
 }
+
+// A freed worker loads a label nobody holds however far back its task waits: the
+// backlog scan looks at a bounded stretch of the queue, and a long backlog of one label
+// that its holder's many slots serve soon enough (no load pays) filled it, so the worker
+// idled beside the task until it aged, 40 s by default.
+func TestFreedWorkerLoadsUnservedLabelBehindALongBacklog(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	b.worker("ha", 1, 2*passOverWalk, "a")
+	b.worker("w", 1, 1, "c")
+	for i := 0; i < 2*passOverWalk; i++ {
+		one(t, b.submit(b.task("a")))
+	}
+	runC := b.task("c")
+	one(t, b.submit(runC))
+	for i := 0; i < 2*passOverWalk; i++ {
+		none(t, b.submit(b.task("a"))) // a slot of ha frees within 100 ms: no load pays
+	}
+	unserved := b.task("b")
+	none(t, b.submit(unserved)) // no worker is free
+	a := one(t, b.complete(runC, false))
+	if a.Task != unserved || a.WorkerID != "w" || !a.Load || a.EvictLabel != "c" {
+		t.Fatalf("w took %s (load %v, evicting %q), want %s loading b evicting c", a.Task.ID, a.Load, a.EvictLabel, unserved.ID)
+	}
+	check(t, b.s)
+}
+
+// The same behind a backlog the worker cannot load at all (its backend lists few labels).
+func TestFreedWorkerLoadsUnservedLabelBehindABacklogItCannotLoad(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{FleetSettle: time.Hour})
+	b.spec(WorkerSpec{ID: "ha", MaxLabels: 1, Slots: 1, Labels: []string{"a"}, Loadable: []string{"a"}})
+	b.spec(WorkerSpec{ID: "w", MaxLabels: 1, Slots: 1, Labels: []string{"c"}, Loadable: []string{"b", "c"}})
+	one(t, b.submit(b.task("a")))
+	runC := b.task("c")
+	one(t, b.submit(runC))
+	for i := 0; i < 2*passOverWalk; i++ {
+		none(t, b.submit(b.task("a"))) // only ha can load a, and it is busy
+	}
+	unserved := b.task("b")
+	none(t, b.submit(unserved)) // w, the only worker that can load b, is busy
+	a := one(t, b.complete(runC, false))
+	if a.Task != unserved || a.WorkerID != "w" || !a.Load || a.EvictLabel != "c" {
+		t.Fatalf("w took %s (load %v, evicting %q), want %s loading b evicting c", a.Task.ID, a.Load, a.EvictLabel, unserved.ID)
+	}
+	check(t, b.s)
+}
