@@ -106,29 +106,38 @@ var envelopeDesc = (&pb.Envelope{}).ProtoReflect().Descriptor()
 // a field, so checking the decoded message would miss an earlier invalid one, which
 // protobuf refuses.
 func checkWire(b []byte, md protoreflect.MessageDescriptor) error {
+	_, err := walkWire(b, md)
+	return err
+}
+
+// walkWire is checkWire, and also reports whether b holds a length-delimited field
+// that md knows: for an envelope, whose fields are all its body's oneof, whether the
+// frame has a body this build knows (a field of another wire type fails to decode).
+func walkWire(b []byte, md protoreflect.MessageDescriptor) (known bool, err error) {
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
-			return protowire.ParseError(n)
+			return known, protowire.ParseError(n)
 		}
 		if num > protowire.MaxValidNumber {
-			return fmt.Errorf("field number %d out of range", num)
+			return known, fmt.Errorf("field number %d out of range", num)
 		}
 		b = b[n:]
 		if typ == protowire.BytesType {
 			v, n := protowire.ConsumeBytes(b)
 			if n < 0 {
-				return protowire.ParseError(n)
+				return known, protowire.ParseError(n)
 			}
 			if fd := md.Fields().ByNumber(num); fd != nil {
+				known = true
 				switch fd.Kind() {
 				case protoreflect.StringKind:
 					if !utf8.Valid(v) {
-						return fmt.Errorf("string field %s contains invalid UTF-8", fd.FullName())
+						return known, fmt.Errorf("string field %s contains invalid UTF-8", fd.FullName())
 					}
 				case protoreflect.MessageKind:
 					if err := checkWire(v, fd.Message()); err != nil {
-						return err
+						return known, err
 					}
 				}
 			}
@@ -137,9 +146,9 @@ func checkWire(b []byte, md protoreflect.MessageDescriptor) error {
 		}
 		n = protowire.ConsumeFieldValue(num, typ, b)
 		if n < 0 {
-			return protowire.ParseError(n)
+			return known, protowire.ParseError(n)
 		}
 		b = b[n:]
 	}
-	return nil
+	return known, nil
 }

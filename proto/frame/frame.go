@@ -58,14 +58,17 @@ func DecodeInto(b []byte, maxSize int, env *pb.Envelope) error {
 	// wire first: the wire format (over-long varints, field numbers out of range, in
 	// fields it skips too) and UTF-8 in every occurrence of a string field.
 	// FuzzDecode holds the two decoders together.
-	if err := checkWire(b, envelopeDesc); err != nil {
+	body, err := walkWire(b, envelopeDesc)
+	if err != nil {
 		return fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
 	reset(env)
 	if err := env.UnmarshalVT(b); err != nil {
 		return fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
-	if env.Body == nil {
+	// Asked of the wire, not of env.Body: a body kept by reset is still there when the
+	// frame has none.
+	if env.Body == nil || !body {
 		return ErrNoBody
 	}
 	return nil

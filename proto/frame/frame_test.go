@@ -318,3 +318,27 @@ func TestCheckWorkerIDField(t *testing.T) {
 		}
 	}
 }
+
+// A frame with no body this build knows is ErrNoBody also when decoded into an
+// envelope that held a body: a result's, which reset keeps for the next result, is
+// not the frame's.
+func TestNoBodyIntoAKeptBody(t *testing.T) {
+	t.Parallel()
+	unknownOnly := []byte{0x98, 0x06, 0x01} // only an unknown field 99
+	for _, first := range []*pb.Envelope{
+		{Body: &pb.Envelope_Result{Result: &pb.TaskResult{TaskId: "t-1"}}},
+		{Body: &pb.Envelope_Assignment{Assignment: &pb.TaskAssignment{TaskId: "t-1", Label: "a"}}},
+	} {
+		b, err := Encode(nil, first)
+		if err != nil {
+			t.Fatal(err)
+		}
+		env := new(pb.Envelope)
+		if err := DecodeInto(b, 0, env); err != nil {
+			t.Fatal(err)
+		}
+		if err := DecodeInto(unknownOnly, 0, env); !errors.Is(err, ErrNoBody) {
+			t.Errorf("after a %T: %v, want ErrNoBody", first.GetBody(), err)
+		}
+	}
+}
