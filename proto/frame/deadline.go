@@ -9,8 +9,12 @@ import "time"
 // to the connection's reader goroutine (where gorilla also runs ping and pong
 // handlers) and is not safe for concurrent use.
 type ReadDeadline struct {
-	set     func(time.Time) error
-	now     func() time.Time
+	set func(time.Time) error
+	now func() time.Time
+	// since is time.Since: with the monotonic reading of at, it reads one clock where
+	// now reads two (the wall clock too). Checked for every frame, the deadline itself
+	// is set only once in an eighth of the timeout.
+	since   func(time.Time) time.Duration
 	timeout time.Duration
 	at      time.Time // when the deadline was last set
 }
@@ -18,16 +22,16 @@ type ReadDeadline struct {
 // NewReadDeadline returns a ReadDeadline that sets deadlines through set, typically a
 // connection's SetReadDeadline.
 func NewReadDeadline(set func(time.Time) error) *ReadDeadline {
-	return &ReadDeadline{set: set, now: time.Now}
+	return &ReadDeadline{set: set, now: time.Now, since: time.Since}
 }
 
 // Extend makes the deadline timeout from now, unless it was set with the same timeout
 // less than timeout/8 ago.
 func (d *ReadDeadline) Extend(timeout time.Duration) error {
-	now := d.now()
-	if timeout == d.timeout && now.Sub(d.at) < timeout/8 {
+	if timeout == d.timeout && d.since(d.at) < timeout/8 {
 		return nil
 	}
+	now := d.now()
 	d.timeout, d.at = timeout, now
 	return d.set(now.Add(timeout))
 }

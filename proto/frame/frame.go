@@ -78,8 +78,16 @@ func DecodeInto(b []byte, maxSize int, env *pb.Envelope) error {
 // capacity of its result bytes: nearly every frame a dispatcher reads is a result, and
 // the decoder fills a body of the same kind in place rather than allocate one. The
 // bytes are kept only up to maxKeptResult, as a worker connection holds them while
-// idle.
+// idle. An assignment body's messages are kept too (emptied): nearly every frame an
+// agent reads is one, and it decodes each into a fresh envelope whose assignment body
+// it made in the same allocation.
 func reset(env *pb.Envelope) {
+	if asg, ok := env.Body.(*pb.Envelope_Assignment); ok && asg.Assignment != nil {
+		env.Reset()
+		asg.Assignment.Reset()
+		env.Body = asg
+		return
+	}
 	body, ok := env.Body.(*pb.Envelope_Result)
 	env.Reset()
 	if !ok || body.Result == nil {

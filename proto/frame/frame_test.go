@@ -320,8 +320,8 @@ func TestCheckWorkerIDField(t *testing.T) {
 }
 
 // A frame with no body this build knows is ErrNoBody also when decoded into an
-// envelope that held a body: a result's, which reset keeps for the next result, is
-// not the frame's.
+// envelope whose body reset keeps (a result's, an assignment's): that body is not
+// the frame's.
 func TestNoBodyIntoAKeptBody(t *testing.T) {
 	t.Parallel()
 	unknownOnly := []byte{0x98, 0x06, 0x01} // only an unknown field 99
@@ -340,5 +340,31 @@ func TestNoBodyIntoAKeptBody(t *testing.T) {
 		if err := DecodeInto(unknownOnly, 0, env); !errors.Is(err, ErrNoBody) {
 			t.Errorf("after a %T: %v, want ErrNoBody", first.GetBody(), err)
 		}
+	}
+}
+
+// An agent decodes each assignment into the body it made beside the envelope.
+func TestDecodeIntoKeepsAssignmentBody(t *testing.T) {
+	t.Parallel()
+	want := &pb.TaskAssignment{TaskId: "t-2", Attempt: 3, TaskType: "x", Label: "b", ParametersJson: []byte(`{}`), DeadlineUnixMs: 7}
+	b, err := Encode(nil, &pb.Envelope{Body: &pb.Envelope_Assignment{Assignment: want}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	asg := &pb.TaskAssignment{TaskId: "stale", EvictLabel: "stale"}
+	env := &pb.Envelope{Body: &pb.Envelope_Assignment{Assignment: asg}}
+	if err := DecodeInto(b, 0, env); err != nil {
+		t.Fatal(err)
+	}
+	if env.GetAssignment() != asg {
+		t.Error("the assignment got a new message; the envelope's was to be filled")
+	}
+	if !proto.Equal(asg, want) {
+		t.Errorf("decoded %v, want %v", asg, want)
+	}
+	// Another kind of frame replaces the body.
+	c, _ := Encode(nil, &pb.Envelope{Body: &pb.Envelope_Cancel{Cancel: &pb.Cancel{TaskId: "t-2"}}})
+	if err := DecodeInto(c, 0, env); err != nil || env.GetCancel().GetTaskId() != "t-2" || env.GetAssignment() != nil {
+		t.Errorf("a cancel frame decoded as %v, %v", env, err)
 	}
 }

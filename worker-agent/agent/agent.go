@@ -113,10 +113,12 @@ type agent struct {
 	// tasks empties: no channel per busy spell when nobody waits.
 	idle chan struct{}
 
-	// runq hands attempts to idle runner goroutines (startTask); idleRunners counts
-	// those waiting on it, at most Slots.
-	runq        chan taskJob
-	idleRunners atomic.Int32
+	// idleRunners are the runner goroutines waiting for an attempt (startTask), at
+	// most Slots, each on a channel of its own; runnersStopped is set, and their
+	// channels closed, when work stops. Guarded by runMu.
+	runMu          sync.Mutex
+	idleRunners    []chan taskJob
+	runnersStopped bool
 
 	// deadlineTimer runs expireTasks at deadlineAt, the earliest deadline of an attempt
 	// when it was armed (zero: not armed). Guarded by mu.
@@ -197,7 +199,6 @@ func newAgent(cfg Config) (_ *agent, err error) {
 		stopWork:    stopWork,
 		drainCh:     make(chan struct{}),
 		tasks:       make(map[taskKey]*runningTask),
-		runq:        make(chan taskJob),
 		available:   true, // until Health says otherwise
 		clock:       cfg.hooks.deadlineClock(),
 	}, nil
@@ -427,6 +428,7 @@ func intersectLabels(configured, backendLabels []string) []string {
 // stopBackground cancels the remaining work and waits for loads and the poller.
 func (a *agent) stopBackground() {
 	a.stopWork(errShutdown)
+	a.stopRunners()
 	a.stopTasks()
 	if a.labels != nil {
 		a.labels.wait()
@@ -547,6 +549,9 @@ func (a *agent) connect(ctx context.Context) (*session, error) {
 		// From here on label events and statuses queue on s, behind the hello.
 		a.cur.Store(s)
 	})
+	if err := s.setWriteDeadline(); err != nil {
+		return fail(fmt.Errorf("send hello: %w", err))
+	}
 	if _, err := s.write(hello, nil); err != nil {
 		return fail(fmt.Errorf("send hello: %w", err))
 	}

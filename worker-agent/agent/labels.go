@@ -67,6 +67,16 @@ type labelEntry struct {
 	lost bool
 	done chan struct{} // closed when the load ends, either way
 	err  error         // why the load failed
+	// lease is what every acquire of this entry returns: a lease holds nothing of the
+	// task's own, and one per task was an allocation per task.
+	lease labelLease
+}
+
+// newEntry makes the entry of label, with its lease.
+func (m *labelManager) newEntry(label string, e labelEntry) *labelEntry {
+	p := &e
+	p.lease = labelLease{m: m, label: label, e: p}
+	return p
 }
 
 // taskRef names the task that caused a load, for logs.
@@ -211,7 +221,7 @@ func (m *labelManager) adopt(ctx context.Context, loaded []string) error {
 		case len(m.entries)+m.freeing < m.capacity:
 			done := make(chan struct{})
 			close(done)
-			m.entries[l] = &labelEntry{loaded: true, done: done}
+			m.entries[l] = m.newEntry(l, labelEntry{loaded: true, done: done})
 			m.recency.Add(l, struct{}{})
 		default:
 			extra = append(extra, l)
@@ -278,7 +288,9 @@ func (m *labelManager) wait() { m.loads.Wait() }
 // be released. It returns ctx's error if ctx ends first, or the load's error.
 func (m *labelManager) acquire(ctx context.Context, label, evictHint string, task taskRef) (*labelLease, acquireInfo, error) {
 	var info acquireInfo
-	start := time.Now()
+	// When the task began to wait: read once the label is found not at hand, since a
+	// plain hit waits for nothing and most tasks are hits.
+	var start time.Duration
 	waited := false
 	for {
 		if err := ctx.Err(); err != nil {
@@ -303,9 +315,12 @@ func (m *labelManager) acquire(ctx context.Context, label, evictHint string, tas
 				m.recency.Get(label)
 				m.mu.Unlock()
 				if waited {
-					info.wait = time.Since(start)
+					info.wait = monotonic() - start
 				}
-				return &labelLease{m: m, label: label, e: e}, info, nil
+				return &e.lease, info, nil
+			}
+			if !waited {
+				start = monotonic()
 			}
 			info.joined = true
 			m.mu.Unlock()
@@ -321,6 +336,9 @@ func (m *labelManager) acquire(ctx context.Context, label, evictHint string, tas
 				m.mu.Unlock()
 				return nil, info, fmt.Errorf("%w: %q", errNotLoadable, label)
 			}
+		}
+		if !waited {
+			start = monotonic()
 		}
 		if _, ok := m.unloading[label]; ok {
 			waited = true
@@ -342,7 +360,7 @@ func (m *labelManager) acquire(ctx context.Context, label, evictHint string, tas
 		}
 		// Pinned for this task from the start: until it runs, the label must neither
 		// be evicted once loaded nor, failed and forgotten, be loaded again for it.
-		e := &labelEntry{done: make(chan struct{}), pins: 1}
+		e := m.newEntry(label, labelEntry{done: make(chan struct{}), pins: 1})
 		m.entries[label] = e
 		if victim != "" {
 			delete(m.entries, victim)
@@ -359,10 +377,10 @@ func (m *labelManager) acquire(ctx context.Context, label, evictHint string, tas
 
 // awaitLoad waits for the load of entry e, which the caller has pinned, and returns a
 // lease on it, the load's error, or ctx's error (unpinning e).
-func (m *labelManager) awaitLoad(ctx context.Context, label string, e *labelEntry, info acquireInfo, start time.Time) (*labelLease, acquireInfo, error) {
+func (m *labelManager) awaitLoad(ctx context.Context, label string, e *labelEntry, info acquireInfo, start time.Duration) (*labelLease, acquireInfo, error) {
 	select {
 	case <-e.done:
-		info.wait = time.Since(start)
+		info.wait = monotonic() - start
 		if e.err != nil {
 			if errors.As(e.err, new(*evictError)) {
 				info.evicted = "" // it is still loaded; confirmKept tells the dispatcher
@@ -372,7 +390,7 @@ func (m *labelManager) awaitLoad(ctx context.Context, label string, e *labelEntr
 		m.mu.Lock()
 		m.recency.Get(label)
 		m.mu.Unlock()
-		return &labelLease{m: m, label: label, e: e}, info, nil
+		return &e.lease, info, nil
 	case <-ctx.Done():
 		m.unpin(label, e)
 		return nil, info, ctx.Err()
@@ -548,7 +566,7 @@ func (m *labelManager) keepLocked(label string) {
 	delete(m.unloading, label)
 	done := make(chan struct{})
 	close(done)
-	m.entries[label] = &labelEntry{loaded: true, done: done}
+	m.entries[label] = m.newEntry(label, labelEntry{loaded: true, done: done})
 	// Most recently used, so that the next eviction tries the other labels first
 	// rather than fail on this one again.
 	m.recency.Add(label, struct{}{})
