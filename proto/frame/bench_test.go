@@ -53,3 +53,23 @@ func BenchmarkTaskFrames(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkDecodeChecks is the wire walk that checks every frame before the generated
+// decoder takes it, on a task's two frames.
+func BenchmarkDecodeChecks(b *testing.B) {
+	asg, _ := Encode(nil, &pb.Envelope{Body: &pb.Envelope_Assignment{Assignment: &pb.TaskAssignment{
+		TaskId: "wrk-1-12345", Attempt: 1, TaskType: "sample_task", Label: "label-3",
+		ParametersJson: []byte(`{"data": "sample"}`), DeadlineUnixMs: 1763840000000}}})
+	res, _ := Encode(nil, &pb.Envelope{Body: &pb.Envelope_Result{Result: &pb.TaskResult{
+		TaskId: "wrk-1-12345", Attempt: 1, Ok: true, RunDurationUs: 3,
+		Result: []byte(`{"task_type":"sample_task","label":"label-3","parameters_json":"{\"data\": \"sample\"}"}`)}}})
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := walkWire(asg, envelopeFields); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := walkWire(res, envelopeFields); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -99,21 +99,71 @@ func validStrings(ss []string) bool {
 // envelopeDesc is the schema checkWire walks frames against.
 var envelopeDesc = (&pb.Envelope{}).ProtoReflect().Descriptor()
 
+// envelopeFields is envelopeDesc as the wire walk reads it.
+var envelopeFields = newWireFields(envelopeDesc, map[protoreflect.FullName]*wireFields{})
+
+// wireFields is a message's fields indexed by field number, with what the wire walk
+// needs of each: protoreflect's lookup by number (and of the field list) was about
+// half of the walk's cost, and the walk is made for every frame at both ends.
+type wireFields []wireField
+
+// wireField is one field of a message; fd is nil for a number the message does not
+// use.
+type wireField struct {
+	fd   protoreflect.FieldDescriptor
+	kind protoreflect.Kind
+	msg  *wireFields // the fields of a message field's message
+}
+
+// newWireFields builds md's table; seen holds the tables built or being built, for
+// messages that refer to each other.
+func newWireFields(md protoreflect.MessageDescriptor, seen map[protoreflect.FullName]*wireFields) *wireFields {
+	if t := seen[md.FullName()]; t != nil {
+		return t
+	}
+	t := new(wireFields)
+	seen[md.FullName()] = t
+	fields := md.Fields()
+	top := protowire.Number(0)
+	for i := range fields.Len() {
+		top = max(top, fields.Get(i).Number())
+	}
+	*t = make(wireFields, top+1)
+	for i := range fields.Len() {
+		fd := fields.Get(i)
+		f := wireField{fd: fd, kind: fd.Kind()}
+		if fd.Kind() == protoreflect.MessageKind {
+			f.msg = newWireFields(fd.Message(), seen)
+		}
+		(*t)[fd.Number()] = f
+	}
+	return t
+}
+
+// field returns the field numbered num, nil when the message has none.
+func (t *wireFields) field(num protowire.Number) *wireField {
+	if num < 0 || int(num) >= len(*t) || (*t)[num].fd == nil {
+		return nil
+	}
+	return &(*t)[num]
+}
+
 // checkWire walks a frame's wire format as protobuf's own decoder checks it, against
-// the message md (the envelope at the top): over-long varints, field numbers out of
-// range, in fields it skips too; messages are walked into; and every occurrence of a
-// string field must be UTF-8. The generated decoder keeps only the last occurrence of
-// a field, so checking the decoded message would miss an earlier invalid one, which
-// protobuf refuses.
-func checkWire(b []byte, md protoreflect.MessageDescriptor) error {
-	_, err := walkWire(b, md)
+// the message fields describe (the envelope at the top): over-long varints, field
+// numbers out of range, in fields it skips too; messages are walked into; and every
+// occurrence of a string field must be UTF-8. The generated decoder keeps only the
+// last occurrence of a field, so checking the decoded message would miss an earlier
+// invalid one, which protobuf refuses.
+func checkWire(b []byte, fields *wireFields) error {
+	_, err := walkWire(b, fields)
 	return err
 }
 
 // walkWire is checkWire, and also reports whether b holds a length-delimited field
-// that md knows: for an envelope, whose fields are all its body's oneof, whether the
-// frame has a body this build knows (a field of another wire type fails to decode).
-func walkWire(b []byte, md protoreflect.MessageDescriptor) (known bool, err error) {
+// that the message knows: for an envelope, whose fields are all its body's oneof,
+// whether the frame has a body this build knows (a field of another wire type fails
+// to decode).
+func walkWire(b []byte, fields *wireFields) (known bool, err error) {
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
@@ -128,15 +178,15 @@ func walkWire(b []byte, md protoreflect.MessageDescriptor) (known bool, err erro
 			if n < 0 {
 				return known, protowire.ParseError(n)
 			}
-			if fd := md.Fields().ByNumber(num); fd != nil {
+			if f := fields.field(num); f != nil {
 				known = true
-				switch fd.Kind() {
+				switch f.kind {
 				case protoreflect.StringKind:
 					if !utf8.Valid(v) {
-						return known, fmt.Errorf("string field %s contains invalid UTF-8", fd.FullName())
+						return known, fmt.Errorf("string field %s contains invalid UTF-8", f.fd.FullName())
 					}
 				case protoreflect.MessageKind:
-					if err := checkWire(v, fd.Message()); err != nil {
+					if err := checkWire(v, f.msg); err != nil {
 						return known, err
 					}
 				}

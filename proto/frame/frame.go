@@ -58,7 +58,7 @@ func DecodeInto(b []byte, maxSize int, env *pb.Envelope) error {
 	// wire first: the wire format (over-long varints, field numbers out of range, in
 	// fields it skips too) and UTF-8 in every occurrence of a string field.
 	// FuzzDecode holds the two decoders together.
-	body, err := walkWire(b, envelopeDesc)
+	body, err := walkWire(b, envelopeFields)
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrMalformed, err)
 	}

@@ -244,7 +244,7 @@ func (a *agent) assign(s *session, asg *pb.TaskAssignment) {
 		a.tasks[key] = rt
 		s.tasks++
 		a.mu.Unlock()
-		a.startTask(taskJob{ctx: ctx, s: s, asg: asg, key: key, received: received})
+		a.startTask(taskJob{ctx: ctx, rt: rt, s: s, asg: asg, key: key, received: received})
 		return
 	}
 	a.mu.Unlock()
@@ -268,6 +268,7 @@ func (a *agent) confirmKept(asg *pb.TaskAssignment) {
 // taskJob is an accepted attempt on its way to a runner goroutine.
 type taskJob struct {
 	ctx      context.Context
+	rt       *runningTask // its entry in a.tasks
 	s        *session
 	asg      *pb.TaskAssignment
 	key      taskKey
@@ -298,7 +299,7 @@ func (a *agent) startTask(job taskJob) {
 func (a *agent) runner(job taskJob) {
 	park := make(chan taskJob, 1)
 	for {
-		a.runTask(job.ctx, job.s, job.asg, job.key, job.received)
+		a.runTask(job.ctx, job.rt, job.s, job.asg, job.key, job.received)
 		job = taskJob{} // hold no finished attempt's parameters while idle
 		a.runMu.Lock()
 		if a.runnersStopped || len(a.idleRunners) >= a.cfg.Slots {
@@ -327,8 +328,8 @@ func (a *agent) stopRunners() {
 }
 
 // runTask acquires the task's label, runs the task and sends its result.
-func (a *agent) runTask(ctx context.Context, s *session, asg *pb.TaskAssignment, key taskKey, received time.Time) {
-	defer a.taskDone(key)
+func (a *agent) runTask(ctx context.Context, rt *runningTask, s *session, asg *pb.TaskAssignment, key taskKey, received time.Time) {
+	defer a.taskDone(key, rt)
 	var o outcome
 	lease, info, err := a.labels.acquire(ctx, asg.GetLabel(), asg.GetEvictLabel(), taskRef{id: key.id, attempt: key.attempt})
 	o.label = info
@@ -380,7 +381,7 @@ func (a *agent) runTask(ctx context.Context, s *session, asg *pb.TaskAssignment,
 	o.err = err
 	// Free the slot before the result goes out: a dispatcher may send the next task
 	// the moment it reads this result.
-	a.releaseSlot(key)
+	a.releaseSlot(rt)
 	a.finish(s, asg, received, o)
 	a.confirmKept(asg)
 	if o.loadFailed {
@@ -395,31 +396,31 @@ func (a *agent) runTask(ctx context.Context, s *session, asg *pb.TaskAssignment,
 	}
 }
 
-// releaseSlot gives back the session slot an attempt holds.
-func (a *agent) releaseSlot(key taskKey) {
+// releaseSlot gives back the session slot an attempt holds. rt is the attempt's entry
+// in a.tasks, where it stays until taskDone (assign ignores a duplicate): no lookup.
+func (a *agent) releaseSlot(rt *runningTask) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if rt := a.tasks[key]; rt != nil && rt.holdsSlot {
+	if rt.holdsSlot {
 		rt.holdsSlot = false
 		rt.s.tasks--
 	}
 }
 
 // taskDone forgets a finished attempt, after its result was queued, so that a drain
-// waiting for no task to run finds every result queued.
-func (a *agent) taskDone(key taskKey) {
+// waiting for no task to run finds every result queued. rt is a.tasks[key] (see
+// releaseSlot).
+func (a *agent) taskDone(key taskKey, rt *runningTask) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if rt := a.tasks[key]; rt != nil {
-		rt.cancel(nil)
-		if rt.holdsSlot {
-			rt.s.tasks--
-		}
-		delete(a.tasks, key)
-		if len(a.tasks) == 0 && a.idle != nil {
-			close(a.idle)
-			a.idle = nil
-		}
+	rt.cancel(nil)
+	if rt.holdsSlot {
+		rt.s.tasks--
+	}
+	delete(a.tasks, key)
+	if len(a.tasks) == 0 && a.idle != nil {
+		close(a.idle)
+		a.idle = nil
 	}
 }
 
