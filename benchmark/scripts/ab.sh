@@ -35,11 +35,17 @@ measure() {
   GOMAXPROCS=1 "$bin/worker-agent" --dispatcher-url ws://127.0.0.1:18380/worker-listen --worker-id ab --agents 8 \
     --slots "$SLOTS" --max-labels 5 --sim-load-time 0 --sim-run-time 0 --log-level warn >"$TMP/a.log" 2>&1 &
   a=$!
+  # measure runs in a subshell (read < <(measure ...)), out of the script's cleanup's
+  # reach: a failed wrk or readiness must not leave this stack running.
+  trap "kill -TERM $d $a 2>/dev/null || true" EXIT
   for _ in $(seq 1 100); do
     n=$(curl -sf http://127.0.0.1:18380/workers | grep -o 'ab-' | wc -l || true)
     [ "$n" = 8 ] && break
     sleep 0.1
   done
+  if [ "$n" != 8 ]; then
+    echo "not ready: $n/8 agents on the dispatcher" >&2; cat "$TMP/d.log" "$TMP/a.log" >&2; exit 1
+  fi
   wrk -t2 -c"$CONNS" -d2s -s "$LUA" http://127.0.0.1:18380/run-task >/dev/null
   sleep 1.2 # past the 1 s retention: the measured run's ids are fresh
   local d0 a0 out
