@@ -531,11 +531,11 @@ func (s *Scheduler) setAccepting(w *worker, accepting bool) {
 		}
 		if accepting {
 			h.state.active++
+			s.noteServed(h.state)
 		} else {
 			h.state.active--
 			s.lostHolder(h.state, h.label)
 		}
-		s.noteServed(h.state)
 	}
 	w.accepting = accepting
 	if !accepting {
@@ -1514,8 +1514,9 @@ func (s *Scheduler) settle(out *Outcome) *Outcome {
 }
 
 // lostHolder notes that ls lost an active holder: when it was the last and tasks wait
-// for the label, settle offers them to the free workers.
+// for the label, the label is unserved, and settle offers them to the free workers.
 func (s *Scheduler) lostHolder(ls *labelState, label string) {
+	s.noteServed(ls)
 	if ls.active == 0 && ls.queued > 0 {
 		s.wakeLabels = append(s.wakeLabels, label)
 	}
@@ -1692,8 +1693,8 @@ func (s *Scheduler) pick(w *worker) *Task {
 		}
 		if !w.canLoad(t.Label) && w.find(t.Label) < 0 {
 			if unloadable++; unloadable == passOverWalk {
-				if t := s.agedBehind(w); t != nil {
-					return t
+				if aged := s.agedBehind(w); aged != nil {
+					return aged
 				}
 				break
 			}
@@ -1968,7 +1969,6 @@ func (s *Scheduler) doom(w *worker, h *heldLabel) {
 	if w.accepting {
 		h.state.active--
 		s.lostHolder(h.state, h.label)
-		s.noteServed(h.state)
 	}
 	h.doomed = true
 	if h.idlePos >= 0 {
@@ -1996,7 +1996,6 @@ func (s *Scheduler) dropHeld(w *worker, i int) {
 	if w.accepting && !h.doomed {
 		h.state.active--
 		s.lostHolder(h.state, h.label)
-		s.noteServed(h.state)
 	}
 	h.state.all.remove(h.allPos)
 	h.state.holders--
