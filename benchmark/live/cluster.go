@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/smartroute/smartroute/dispatcher/scheduler"
 )
 
 // cluster is a dispatcher and its worker agents running on loopback.
@@ -62,12 +64,26 @@ func scaled(d time.Duration, scale float64) time.Duration {
 
 // dispatcherArgs are the dispatcher's flags: its journal goes under dir (never the
 // working directory), and extra come last.
+//
+// The scheduler's own durations are scaled with the workload's: its load and run time
+// priors and its pass-over floor go to the dispatcher as their defaults times the
+// scale, so that a scaled run makes the decisions a run at scale 1 would. Left at their
+// defaults, at seed-4's scale of 0.05 they told the scheduler that a label not yet
+// loaded (or forgotten with its last copy) takes 400 ms to load, 20 times what it
+// takes: a holder busy loading one looked 450 ms from free, so a task for its other
+// label loaded that label on the other worker, evicting a label the next task missed
+// (2 extra misses at the start of both runs traced). At the smallest scale, 1e-6, none
+// rounds to 0, which the dispatcher refuses.
 func dispatcherArgs(cfg Config, addr string, random bool, dir string, extra []string) []string {
+	sched := scheduler.Config{}.WithDefaults()
 	args := []string{
 		"--addr", addr,
 		"--random-dispatch=" + strconv.FormatBool(random),
 		"--log-level", cfg.LogLevel,
 		"--data-dir", filepath.Join(dir, "dispatcher-data"),
+		"--load-time-prior", scaled(sched.LoadTimePrior, cfg.TimeScale).String(),
+		"--run-time-prior", scaled(sched.RunTimePrior, cfg.TimeScale).String(),
+		"--max-pass-over", scaled(sched.MaxPassOver, cfg.TimeScale).String(),
 	}
 	if cfg.TaskTimeout > 0 {
 		args = append(args, "--task-timeout", cfg.TaskTimeout.String())

@@ -123,13 +123,35 @@ func TestTritonBackendArgs(t *testing.T) {
 func TestDispatcherArgs(t *testing.T) {
 	t.Parallel()
 	c := DefaultConfig()
-	if got, want := dispatcherArgs(c, "127.0.0.1:9", true, "/out", nil), []string{"--addr", "127.0.0.1:9", "--random-dispatch=true", "--log-level", "info", "--data-dir", "/out/dispatcher-data"}; !slices.Equal(got, want) {
+	if got, want := dispatcherArgs(c, "127.0.0.1:9", true, "/out", nil), []string{"--addr", "127.0.0.1:9", "--random-dispatch=true", "--log-level", "info", "--data-dir", "/out/dispatcher-data",
+		"--load-time-prior", "400ms", "--run-time-prior", "50ms", "--max-pass-over", "2s"}; !slices.Equal(got, want) {
 		t.Errorf("dispatcherArgs = %q, want %q", got, want)
 	}
 	c.TaskTimeout = 90 * time.Second
 	c.LogLevel = "warn"
-	if got, want := dispatcherArgs(c, "a:1", false, "/out", []string{"--pprof-addr", "x"}), []string{"--addr", "a:1", "--random-dispatch=false", "--log-level", "warn", "--data-dir", "/out/dispatcher-data", "--task-timeout", "1m30s", "--pprof-addr", "x"}; !slices.Equal(got, want) {
+	if got, want := dispatcherArgs(c, "a:1", false, "/out", []string{"--pprof-addr", "x"}), []string{"--addr", "a:1", "--random-dispatch=false", "--log-level", "warn", "--data-dir", "/out/dispatcher-data",
+		"--load-time-prior", "400ms", "--run-time-prior", "50ms", "--max-pass-over", "2s", "--task-timeout", "1m30s", "--pprof-addr", "x"}; !slices.Equal(got, want) {
 		t.Errorf("dispatcherArgs = %q, want %q", got, want)
+	}
+}
+
+// The scheduler's own durations are scaled with the workload's: at seed-4's scale the
+// dispatcher expects the 20 ms loads it gets, not 400 ms (see dispatcherArgs).
+func TestDispatcherArgsScaled(t *testing.T) {
+	t.Parallel()
+	c := DefaultConfig()
+	if err := ApplyScenario(&c, "seed-4"); err != nil {
+		t.Fatal(err)
+	}
+	got := dispatcherArgs(c, "a:1", false, "/out", nil)
+	want := []string{"--load-time-prior", "20ms", "--run-time-prior", "2.5ms", "--max-pass-over", "100ms"}
+	if !slices.Equal(got[len(got)-len(want):], want) {
+		t.Errorf("dispatcherArgs = %q, want it to end with %q", got, want)
+	}
+	c.TimeScale = MinTimeScale // none rounds to 0, which the dispatcher refuses
+	want = []string{"--load-time-prior", "400ns", "--run-time-prior", "50ns", "--max-pass-over", "2µs"}
+	if got := dispatcherArgs(c, "a:1", false, "/out", nil); !slices.Equal(got[len(got)-len(want):], want) {
+		t.Errorf("dispatcherArgs = %q, want it to end with %q", got, want)
 	}
 }
 
