@@ -370,10 +370,10 @@ func (e *engine) apply(out *scheduler.Outcome) {
 
 func (e *engine) finish(ev event) {
 	t := ev.task
-	obs := scheduler.Observation{Loaded: ev.load, RunTime: t.run}
-	if ev.load {
-		obs.LoadTime = t.load
-	}
+	// As the agent reports it, the load time is the wait for the label, a load another
+	// attempt started included; with the run it makes up the whole attempt, so the
+	// scheduler sees no delay outside the task (there is none here).
+	obs := scheduler.Observation{Loaded: ev.load, LoadTime: ev.labelWait, RunTime: t.run}
 	out, err := e.router.Complete(ev.worker, &t.sched, obs)
 	if err != nil {
 		panic(fmt.Sprintf("complete: %v", err))

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/smartroute/smartroute/dispatcher/scheduler"
 )
 
 func builtin(t testing.TB, name string) Scenario {
@@ -222,6 +224,22 @@ func TestTaskOnALoadingCopyWaitsForTheLoad(t *testing.T) {
 					c.trace, policy, r.Tasks, r.Misses, r.MeanLatency, r.AvgTaskRuntime, c.latency, c.runtime)
 			}
 		}
+	}
+}
+
+// The simulator has no delay outside a task, and the scheduler it drives learns none
+// (see scheduler.Scheduler.DelaySlack): a task that joined another's load reports
+// the wait as its load time, as the agent does, rather than leave it to look like a
+// result that came back late. So the simulator's figures are those of a quiet host.
+func TestSchedulerSeesNoDelay(t *testing.T) {
+	t.Parallel()
+	sc, _ := traceScenario(t, 2, "0.0,a\n0.1,a\n") // the second joins the first's load
+	e, err := simulate(sc, "ours", 1, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := e.router.(*scheduler.Scheduler).DelaySlack(); d != 0 {
+		t.Fatalf("DelaySlack = %v, want 0", d)
 	}
 }
 

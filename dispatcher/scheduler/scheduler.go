@@ -266,6 +266,13 @@ type Scheduler struct {
 	// scheduler reads the clock twice (Submit, Complete) rather than at every step.
 	now time.Time
 
+	// delay and delayAt are the largest delay seen outside an attempt's task (see
+	// observeDelay) and when it was last updated; slack is that delay as it stands at
+	// now, decayed, which reset computes once per call for remaining, a hot path.
+	delay   time.Duration
+	delayAt time.Time
+	slack   time.Duration
+
 	// failing tracks labels whose loads failed recently (see labelhealth.go).
 	failing map[string]*labelFailures
 
@@ -342,6 +349,7 @@ func (s *Scheduler) Config() Config { return s.cfg }
 // reset starts a mutating call: it empties the outcome and reads the clock.
 func (s *Scheduler) reset() *Outcome {
 	s.now = s.clock.Now()
+	s.slack = s.delaySlack(s.now)
 	s.out.Assigned = s.out.Assigned[:0]
 	s.out.Failed = s.out.Failed[:0]
 	return &s.out
@@ -622,7 +630,11 @@ func (s *Scheduler) loadableNow(label string) bool {
 // Observation is what a finished task teaches the scheduler about its label.
 type Observation struct {
 	// Loaded is true when the worker had to load the label for the task.
-	Loaded   bool
+	Loaded bool
+	// LoadTime is how long the worker waited for the label: its own load, or with
+	// Loaded false another attempt's load it joined (zero on a plain hit). RunTime is
+	// how long the task ran. Both are the worker's own measures: the rest of the time
+	// the owner saw the attempt take is delay outside the task (see observeDelay).
 	LoadTime time.Duration
 	RunTime  time.Duration
 	// Failed is true when the attempt did not succeed. With Loaded false it may have
@@ -641,10 +653,45 @@ func (s *Scheduler) Complete(workerID string, t *Task, obs Observation) (*Outcom
 	}
 	s.unrun(w, i, t)
 	t.state = stateDone
+	if !obs.Failed { // a failed attempt may not say what it spent (a load cut short)
+		s.observeDelay(s.now.Sub(t.Started) - obs.LoadTime - obs.RunTime)
+	}
 	s.learn(w, t.Label, obs)
 	s.release(w, t.Label, obs.Loaded, obs.Failed && !obs.Loaded)
 	s.fill(w)
 	return s.settle(out), nil
+}
+
+// delayHalfLife is how fast the delay slack forgets a delay: it halves every minute. A
+// busy host renews it with every stall; one stall on a quiet host fades in minutes.
+const delayHalfLife = time.Minute
+
+// observeDelay records the delay of an attempt that ended: how much longer it took on
+// the owner's clock, from its assignment to its result, than its worker says it spent
+// loading and running. That is time outside the task (the frames crossing the
+// network, the agent and the owner waiting for a CPU on a busy host), and it does not
+// shrink with the task: on a host busy with other work it reached 50 to 200 ms on tasks
+// of 2 ms. The largest recent delay is the slack remaining allows a running attempt
+// before it counts as overrunning. (The simulator has no such delay: its slack stays 0.)
+func (s *Scheduler) observeDelay(d time.Duration) {
+	s.delay, s.delayAt = max(d, s.slack), s.now
+	s.slack = s.delay
+}
+
+// DelaySlack is how far past its estimate a running attempt may go before it counts as
+// overrunning: the largest delay outside the task seen lately (see observeDelay).
+func (s *Scheduler) DelaySlack() time.Duration { return s.delaySlack(s.clock.Now()) }
+
+// delaySlack is the largest delay observed (observeDelay), halved for every
+// delayHalfLife since: a decaying maximum, because the stalls it stands for are rare
+// (about 1 attempt in 100 on the busy host) and an average would forget them between
+// one and the next.
+func (s *Scheduler) delaySlack(now time.Time) time.Duration {
+	age := now.Sub(s.delayAt)
+	if s.delay <= 0 || age <= 0 {
+		return max(s.delay, 0)
+	}
+	return time.Duration(float64(s.delay) * math.Exp2(-float64(age)/float64(delayHalfLife)))
 }
 
 // learn records what an attempt of label that ended on w showed: the label's load and
@@ -1257,6 +1304,14 @@ func (s *Scheduler) loadEndBeatsWait(h *heldLabel, ahead int) bool {
 // for as long again as it has overrun (zero at the estimate, growing after), so that a
 // holder stuck on a long task stops looking about to free and the tasks waiting for it
 // are loaded elsewhere (overdue, loadBeatsWait) instead of waiting out their bound.
+//
+// The overrun counts only past the delay slack (delaySlack): an attempt whose result
+// is no later than results have lately been for reasons outside the task is taken to
+// be ending now. Without it a host stall read as a stuck holder whenever loads were
+// not far longer than the stall: on seed-4 at time-scale 0.05 (20 ms loads, 2 ms
+// runs) on a busy host, a 30 to 140 ms stall of a holder's 2 ms task loaded its label
+// on the other worker, evicting the only copy of a label that the next task for it
+// then loaded again: two misses a stall, 4 to 7 stalls a run.
 func (s *Scheduler) remaining(w *worker) time.Duration {
 	if len(w.running) < w.slots {
 		return 0
@@ -1265,7 +1320,7 @@ func (s *Scheduler) remaining(w *worker) time.Duration {
 	for _, t := range w.running {
 		d := s.expectedRun(w, t) - s.now.Sub(t.Started)
 		if d < 0 {
-			d = -d
+			d = max(-d-s.slack, 0)
 		}
 		if left < 0 || d < left {
 			left = d
@@ -1308,11 +1363,13 @@ func (s *Scheduler) passedOverTooLong(t *Task) bool {
 
 // overdue reports whether a queued task has already waited longer than a load and a
 // run would have taken: the estimate that made it wait was wrong (a long task on the
-// holder), so a free worker should load its label rather than keep it waiting.
+// holder), so a free worker should load its label rather than keep it waiting. A load
+// started when the task was queued would have met the delays outside the task too, so
+// the wait counts only past the delay slack: a host stall alone makes no task overdue.
 func (s *Scheduler) overdue(t *Task) bool {
 	ls := t.labelState
 	st := s.statsOf(ls)
-	if s.now.Sub(t.Enqueued) <= st.load+st.run {
+	if s.now.Sub(t.Enqueued) <= st.load+st.run+s.slack {
 		return false
 	}
 	// Unless a holder is expected to take it within half a load: a task that waited
