@@ -541,6 +541,9 @@ func (h *hub) apply(out *scheduler.Outcome) {
 			h.log.Error().Err(err).Str("task_id", a.Task.ID).Msg("encode assignment")
 			continue
 		}
+		if a.Load {
+			h.logLoad(a, rec)
+		}
 		// A full queue disconnects the worker; its tasks come back when it is removed.
 		wc.send(b)
 	}
@@ -581,6 +584,18 @@ func (h *hub) apply(out *scheduler.Outcome) {
 		// The slots the withdrawn assignments took are free: another queued task may
 		// take one now rather than at the next tick. out is not read again.
 		h.apply(h.sched.Expire())
+	}
+}
+
+// logLoad logs, at debug, an assignment that loads its label: every load is a label
+// miss, and which rule made it (with the delay slack the scheduler allowed holders)
+// is what a run with more misses than expected is read by. Caller holds mu.
+func (h *hub) logLoad(a scheduler.Assignment, rec *taskRecord) {
+	if e := h.log.Debug(); e.Enabled() {
+		e.Str("task_id", a.Task.ID).Str("worker_id", a.WorkerID).Str("label", a.Task.Label).
+			Str("evict_label", a.EvictLabel).Stringer("reason", a.Reason).Int("attempt", a.Task.AttemptNumber()).
+			Float64("queued_ms", ms(rec.queueTime)).Float64("delay_slack_ms", ms(h.sched.DelaySlack())).
+			Msg("label load assigned")
 	}
 }
 

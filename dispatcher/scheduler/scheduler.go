@@ -205,6 +205,52 @@ type Assignment struct {
 	EvictLabel string
 	// Load is true when the worker does not hold the label yet.
 	Load bool
+	// Reason says why the label is loaded there, with Load: what the owner logs, so
+	// that a run with more misses than expected can be read decision by decision.
+	Reason LoadReason
+}
+
+// LoadReason says which rule made an assignment load its label.
+type LoadReason uint8
+
+const (
+	// LoadNoHolder: no worker that can serve the label holds it.
+	LoadNoHolder LoadReason = iota + 1
+	// LoadBeatsWait: the holders are busy, and loading is expected to finish the task
+	// sooner than waiting for one by half a load (rule 2).
+	LoadBeatsWait
+	// LoadOutpaced: the label's tasks come faster than its holders run them.
+	LoadOutpaced
+	// LoadOverdue: the task has waited longer than a load would have taken, and no
+	// holder is expected to take it within half a load.
+	LoadOverdue
+	// LoadPassedOver: the task has waited past its pass-over bound (rule 4).
+	LoadPassedOver
+	// LoadReserved: the worker freed a label for the task, which had waited past its
+	// bound.
+	LoadReserved
+	// LoadRandom: the random policy loads whatever label its task needs.
+	LoadRandom
+)
+
+func (r LoadReason) String() string {
+	switch r {
+	case LoadNoHolder:
+		return "no holder"
+	case LoadBeatsWait:
+		return "load beats wait"
+	case LoadOutpaced:
+		return "holders outpaced"
+	case LoadOverdue:
+		return "overdue"
+	case LoadPassedOver:
+		return "passed over"
+	case LoadReserved:
+		return "reserved"
+	case LoadRandom:
+		return "random"
+	}
+	return "none"
 }
 
 // Failure tells the owner that Task is finished without running.
@@ -1098,7 +1144,7 @@ func (s *Scheduler) place(t *Task) bool {
 		n := s.free.len()
 		for i, start := 0, s.rngStart(n); i < n && i < placeTries; i++ {
 			if w := s.free.at((start + i) % n); w.takes(t) && s.canTake(w, t) {
-				return s.assignLoading(w, t)
+				return s.assignLoading(w, t, LoadRandom)
 			}
 		}
 		return false
@@ -1141,14 +1187,17 @@ func (s *Scheduler) place(t *Task) bool {
 			return true
 		}
 	}
-	if ls != nil && ls.active > 0 && !s.loadBeatsWait(t.Label, ls, ahead) {
-		return false
+	why := LoadNoHolder
+	if ls != nil && ls.active > 0 {
+		if why = s.loadWins(t.Label, ls, ahead); why == 0 {
+			return false
+		}
 	}
 	w := s.loadTarget(t)
 	if w == nil {
 		return false
 	}
-	return s.assignLoading(w, t)
+	return s.assignLoading(w, t, why)
 }
 
 // placeTries bounds how many workers one placement looks at, keeping it O(1) in the
@@ -1170,12 +1219,21 @@ func (s *Scheduler) rngStart(n int) int {
 // waiting for the load already under way instead of starting loads elsewhere. A label
 // whose holders are outpaced by its demand loads a copy sooner (see outpaced).
 func (s *Scheduler) loadBeatsWait(label string, ls *labelState, ahead int) bool {
+	return s.loadWins(label, ls, ahead) != 0
+}
+
+// loadWins is loadBeatsWait saying which test it passed: LoadBeatsWait, LoadOutpaced,
+// or 0 when waiting wins.
+func (s *Scheduler) loadWins(label string, ls *labelState, ahead int) LoadReason {
 	st := s.statsOf(ls)
 	start, run, slots := s.expectedStart(label, ls, ahead, st)
 	if st.load+st.load/2+st.run < start+run {
-		return true
+		return LoadBeatsWait
 	}
-	return ahead > 0 && s.outpaced(ls, st, run, slots)
+	if ahead > 0 && s.outpaced(ls, st, run, slots) {
+		return LoadOutpaced
+	}
+	return 0
 }
 
 // outpaced reports whether a label's submissions have come faster than its holders'
@@ -1470,8 +1528,8 @@ func (s *Scheduler) loadTarget(t *Task) *worker {
 }
 
 // assignLoading starts t on w, evicting w's least recently used idle label if w must
-// load and has no room. The caller has checked canTake.
-func (s *Scheduler) assignLoading(w *worker, t *Task) bool {
+// load and has no room, for the reason why. The caller has checked canTake.
+func (s *Scheduler) assignLoading(w *worker, t *Task, why LoadReason) bool {
 	if i := w.find(t.Label); i >= 0 {
 		if w.held[i].doomed {
 			return false
@@ -1499,7 +1557,7 @@ func (s *Scheduler) assignLoading(w *worker, t *Task) bool {
 	w.loadsAsked[t.Label] = struct{}{}
 	s.assign(w, w.held[len(w.held)-1], t)
 	a := &s.out.Assigned[len(s.out.Assigned)-1]
-	a.Load, a.EvictLabel = true, evict
+	a.Load, a.EvictLabel, a.Reason = true, evict, why
 	return true
 }
 
@@ -1530,8 +1588,8 @@ func (s *Scheduler) assign(w *worker, h *heldLabel, t *Task) {
 func (s *Scheduler) fill(w *worker) {
 	s.expireDue() // never start a task whose deadline passed since the last Expire
 	for w.isFree() && s.queued > 0 {
-		t := s.pick(w)
-		if t == nil || !s.assignLoading(w, t) {
+		t, why := s.pick(w)
+		if t == nil || !s.assignLoading(w, t, why) {
 			return
 		}
 	}
@@ -1696,16 +1754,17 @@ const passOverScan = 8
 // labels' own queues.
 const passOverWalk = 64
 
-// pick chooses the next task for a worker that has a free slot, or nil. Every task it
-// returns is one the worker can take.
-func (s *Scheduler) pick(w *worker) *Task {
+// pick chooses the next task for a worker that has a free slot, or nil, and the reason
+// the worker loads its label should it not hold it. Every task it returns is one the
+// worker can take.
+func (s *Scheduler) pick(w *worker) (*Task, LoadReason) {
 	head := s.queue.head
 	if head == nil {
-		return nil
+		return nil, 0
 	}
 	if r := w.reservedFor; r != nil {
 		if s.canTake(w, r) {
-			return r
+			return r, LoadReserved
 		}
 		if !mayLoad(w, r) { // its backend no longer lists the label
 			unreserve(w)
@@ -1713,7 +1772,7 @@ func (s *Scheduler) pick(w *worker) *Task {
 	}
 	if s.cfg.Policy == PolicyRandom {
 		if s.canTake(w, head) {
-			return head
+			return head, LoadRandom
 		}
 		// The head is next in the FIFO: a worker that could load it frees a label for
 		// it, or new tasks for its labels overtake the head for as long as they come.
@@ -1724,7 +1783,7 @@ func (s *Scheduler) pick(w *worker) *Task {
 		// backend cannot load it, or every label is in use) must not idle while an
 		// older task waits that a newer one would overtake on it (place takes any free
 		// worker that can take a new task).
-		return s.oldestTakeable(w, head.global.next)
+		return s.oldestTakeable(w, head.global.next), LoadRandom
 	}
 	// Rule 4: no task is passed over for longer than its bound; not only the head, which
 	// this worker may be unable to take (its backend cannot load it, or it failed here).
@@ -1751,7 +1810,7 @@ func (s *Scheduler) pick(w *worker) *Task {
 		if !w.canLoad(t.Label) && w.find(t.Label) < 0 {
 			if unloadable++; unloadable == passOverWalk {
 				if aged := s.agedBehind(w); aged != nil {
-					return aged
+					return aged, LoadPassedOver
 				}
 				break
 			}
@@ -1759,7 +1818,7 @@ func (s *Scheduler) pick(w *worker) *Task {
 		}
 		n++
 		if s.takesAged(w, t) {
-			return t
+			return t, LoadPassedOver
 		}
 	}
 	// The oldest task for a label this worker holds.
@@ -1774,7 +1833,7 @@ func (s *Scheduler) pick(w *worker) *Task {
 		}
 	}
 	if best != nil {
-		return best
+		return best, 0 // held: no load
 	}
 	// Else the oldest label backlog better served by loading here than by waiting:
 	// nobody can serve it, loading beats the expected wait, or it has waited too long.
@@ -1790,14 +1849,23 @@ func (s *Scheduler) pick(w *worker) *Task {
 		if !w.takes(t) || !s.canTake(w, t) {
 			continue
 		}
-		if ls.active == 0 || s.loadBeatsWait(t.Label, ls, ls.queued-1) || s.overdue(t) {
-			return t
+		if ls.active == 0 {
+			return t, LoadNoHolder
+		}
+		if why := s.loadWins(t.Label, ls, ls.queued-1); why != 0 {
+			return t, why
+		}
+		if s.overdue(t) {
+			return t, LoadOverdue
 		}
 	}
 	// Else a label nobody serves that the scan did not reach: a long backlog of one
 	// label, or of labels w cannot load, can fill the stretch it looks at, and w idled
 	// beside a task it could load and no other worker would run.
-	return s.oldestUnserved(w)
+	if t := s.oldestUnserved(w); t != nil {
+		return t, LoadNoHolder
+	}
+	return nil, 0
 }
 
 // oldestUnserved is the oldest first task (see firstFor) of a label with tasks queued
