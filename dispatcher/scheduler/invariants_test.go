@@ -315,11 +315,12 @@ func liveHead(t *testing.T, s *Scheduler) {
 		return
 	}
 	ls := s.labels[head.Label]
-	if ls.active > 0 && !s.overdue(head) && !s.passedOverTooLong(head) {
-		return
-	}
 	for i := 0; i < s.free.len(); i++ {
-		if w := s.free.at(i); w.takes(head) && s.canTake(w, head) {
+		w := s.free.at(i)
+		if ls.active > 0 && !s.overdue(head, s.regret(w, head)) && !s.passedOverTooLong(head) {
+			continue
+		}
+		if w.takes(head) && s.canTake(w, head) {
 			t.Fatalf("head %s (label %s, active holders %d) waits while free worker %s could take it",
 				head.ID, head.Label, ls.active, s.free.at(i).id)
 		}
