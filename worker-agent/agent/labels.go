@@ -301,10 +301,7 @@ func (m *labelManager) acquire(ctx context.Context, label, evictHint string, tas
 			// The backend lost it and tasks still run on it: wait until the last lets
 			// go and its unload ends, then load it again, a miss.
 			waited = true
-			if m.onWait != nil {
-				m.onWait(label)
-			}
-			if err := m.waitLocked(ctx); err != nil {
+			if err := m.waitForLocked(ctx, label); err != nil {
 				return nil, info, err
 			}
 			continue
@@ -350,10 +347,7 @@ func (m *labelManager) acquire(ctx context.Context, label, evictHint string, tas
 		victim, ok := m.pickVictimLocked(evictHint)
 		if !ok {
 			waited = true
-			if m.onWait != nil {
-				m.onWait(label)
-			}
-			if err := m.waitLocked(ctx); err != nil {
+			if err := m.waitForLocked(ctx, label); err != nil {
 				return nil, info, err
 			}
 			continue
@@ -413,6 +407,15 @@ func (m *labelManager) pickVictimLocked(hint string) (victim string, ok bool) {
 		}
 	}
 	return "", false
+}
+
+// waitForLocked is waitLocked for a task that needs label, which tests observe
+// (onWait).
+func (m *labelManager) waitForLocked(ctx context.Context, label string) error {
+	if m.onWait != nil {
+		m.onWait(label)
+	}
+	return m.waitLocked(ctx)
 }
 
 // waitLocked releases mu and waits until room may have appeared or ctx ends.
