@@ -313,11 +313,13 @@ type Scheduler struct {
 	now time.Time
 
 	// delay and delayAt are the largest delay seen outside an attempt's task (see
-	// observeDelay) and when it was last updated; slack is that delay as it stands at
-	// now, decayed, which reset computes once per call for remaining, a hot path.
+	// observeDelay) and when it was seen; slack is that delay decayed to now, computed
+	// once per call (slackOK) when first needed: remaining, which needs it, is a hot
+	// path, and a call that places a task on an idle holder needs it not at all.
 	delay   time.Duration
 	delayAt time.Time
 	slack   time.Duration
+	slackOK bool
 
 	// failing tracks labels whose loads failed recently (see labelhealth.go).
 	failing map[string]*labelFailures
@@ -395,7 +397,7 @@ func (s *Scheduler) Config() Config { return s.cfg }
 // reset starts a mutating call: it empties the outcome and reads the clock.
 func (s *Scheduler) reset() *Outcome {
 	s.now = s.clock.Now()
-	s.slack = s.delaySlack(s.now)
+	s.slackOK = false
 	s.out.Assigned = s.out.Assigned[:0]
 	s.out.Failed = s.out.Failed[:0]
 	return &s.out
@@ -720,8 +722,21 @@ const delayHalfLife = time.Minute
 // of 2 ms. The largest recent delay is the slack remaining allows a running attempt
 // before it counts as overrunning. (The simulator has no such delay: its slack stays 0.)
 func (s *Scheduler) observeDelay(d time.Duration) {
-	s.delay, s.delayAt = max(d, s.slack), s.now
-	s.slack = s.delay
+	// The decayed maximum is the same whether or not it is re-anchored at every
+	// observation (halving is memoryless), so only a new maximum is stored.
+	if d <= 0 || (d < s.delay && d <= s.slackNow()) {
+		return
+	}
+	s.delay, s.delayAt = d, s.now
+	s.slack, s.slackOK = d, true
+}
+
+// slackNow is delaySlack at the call's now, computed once per call.
+func (s *Scheduler) slackNow() time.Duration {
+	if !s.slackOK {
+		s.slack, s.slackOK = s.delaySlack(s.now), true
+	}
+	return s.slack
 }
 
 // DelaySlack is how far past its estimate a running attempt may go before it counts as
@@ -1388,7 +1403,7 @@ func (s *Scheduler) remaining(w *worker) time.Duration {
 	for _, t := range w.running {
 		d := s.expectedRun(w, t) - s.now.Sub(t.Started)
 		if d < 0 {
-			d = max(-d-s.slack, 0)
+			d = max(-d-s.slackNow(), 0)
 		}
 		if left < 0 || d < left {
 			left = d
@@ -1437,7 +1452,7 @@ func (s *Scheduler) passedOverTooLong(t *Task) bool {
 func (s *Scheduler) overdue(t *Task, regret time.Duration) bool {
 	ls := t.labelState
 	st := s.statsOf(ls)
-	if s.now.Sub(t.Enqueued) <= st.load+st.run+s.slack {
+	if s.now.Sub(t.Enqueued) <= st.load+st.run+s.slackNow() {
 		return false
 	}
 	// Unless a holder is expected to take it within half a load: a task that waited
