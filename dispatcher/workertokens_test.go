@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/smartroute/smartroute/proto/credential"
+	"github.com/smartroute/smartroute/proto/frame"
 	pb "github.com/smartroute/smartroute/proto/smartroutev1"
 )
 
@@ -119,4 +120,32 @@ func TestWorkerTokensFileBindings(t *testing.T) {
 	if _, resp, err := b.dialWith("gpu-2", "Bearer gpu-token"); err == nil || resp == nil || resp.StatusCode != 403 {
 		t.Fatalf("gpu-token as gpu-2 after the refused reload: err %v resp %v, want 403", err, resp)
 	}
+}
+
+// A worker tokens file of any content is read or refused with an error naming its line
+// (TestWorkerTokensFileBindings checks that no secret is quoted), and what is read
+// holds only tokens and ids that pass the checks the rest of the dispatcher relies on.
+func FuzzParseWorkerTokens(f *testing.F) {
+	f.Add([]byte("tok-1 worker-id=a worker-id=b*\n# c\ntok-2 # note\n"))
+	f.Add([]byte("tok-1 worker-id=*\r\n\n  tok-2  \n"))
+	f.Add([]byte("tok worker-id=\xff\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		lines, err := parseWorkerTokens(data)
+		if err != nil {
+			if !strings.HasPrefix(err.Error(), "line ") {
+				t.Fatalf("error %q names no line", err)
+			}
+			return
+		}
+		for _, tl := range lines {
+			if credential.Check(tl.secret) != nil {
+				t.Fatalf("line %d: token %q read though Check refuses it", tl.n, tl.secret)
+			}
+			for _, id := range tl.ids {
+				if id != "*" && frame.CheckWorkerIDField("worker-id", strings.TrimSuffix(id, "*")) != nil {
+					t.Fatalf("line %d: worker id %q read though it is no worker id", tl.n, id)
+				}
+			}
+		}
+	})
 }
