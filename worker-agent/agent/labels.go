@@ -300,6 +300,9 @@ func (m *labelManager) acquire(ctx context.Context, label, evictHint string, tas
 		if e := m.entries[label]; e != nil && e.lost {
 			// The backend lost it and tasks still run on it: wait until the last lets
 			// go and its unload ends, then load it again, a miss.
+			if !waited {
+				start = monotonic()
+			}
 			waited = true
 			if err := m.waitForLocked(ctx, label); err != nil {
 				return nil, info, err

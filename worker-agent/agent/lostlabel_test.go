@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	pb "github.com/smartroute/smartroute/proto/smartroutev1"
 	"github.com/smartroute/smartroute/worker-agent/agent"
@@ -157,6 +158,7 @@ func TestLostLabelIsAnnouncedAtOnceAndTakesNoNewHit(t *testing.T) {
 	}
 	p.event(pb.LabelEvent_KIND_EVICTED, "a") // t2 is still held: only an event sent at once comes
 
+	t3Sent := time.Now()
 	p.assign(&pb.TaskAssignment{TaskId: "t3", Label: "a"})
 	if l := waited(); l != "a" {
 		t.Fatalf("t3 waited for %q, want a", l)
@@ -172,6 +174,11 @@ func TestLostLabelIsAnnouncedAtOnceAndTakesNoNewHit(t *testing.T) {
 	}
 	if r := results["t3"]; !r.GetOk() || !r.GetLabelMiss() {
 		t.Fatalf("t3 %v, want ok with a label miss", r)
+	}
+	// Its load time counts from its arrival: an unset start reported the time since
+	// the agent's process began, and taught the dispatcher that loads take that long.
+	if d := time.Duration(results["t3"].GetLoadDurationUs()) * time.Microsecond; d > time.Since(t3Sent) {
+		t.Fatalf("t3's load took %v by its result, more than the %v since it was sent", d, time.Since(t3Sent))
 	}
 	if got := fake.Loads("a"); got != 2 {
 		t.Errorf("a loaded %d times, want 2: once for t1, again for t3 once t2 let go of it", got)
