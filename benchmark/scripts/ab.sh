@@ -7,7 +7,10 @@
 # whose speed drifts by tens of percent, a difference that holds in (nearly) every
 # pair is worth more than any single run's req/s.
 #   benchmark/scripts/ab.sh REV [PAIRS] [DURATION]      e.g. ab.sh HEAD~3 5 5s
-# Environment: SLOTS per agent (8), CONNECTIONS (64). Needs wrk.
+# Environment: SLOTS per agent (8), CONNECTIONS (64); OLD_FLAGS and NEW_FLAGS, extra
+# dispatcher flags for REV's build and this tree's (word-split), so that one build can be
+# compared with itself under two settings: NEW_FLAGS='--gc-percent 800' ab.sh HEAD 8 5s.
+# Needs wrk.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 REV=${1:?usage: ab.sh REV [PAIRS] [DURATION]}; PAIRS=${2:-5}; DURATION=${3:-5s}
@@ -29,8 +32,10 @@ HZ=$(getconf CLK_TCK)
 # measure DIR prints: dispatcher-µs agents-µs total-µs req/s
 measure() {
   local bin=$1 d a n
+  local -a flags
+  read -r -a flags <<<"$2"
   rm -rf "$TMP/data"
-  "$bin/dispatcher" --addr 127.0.0.1:18380 --log-level warn --task-retention 1s --data-dir "$TMP/data" >"$TMP/d.log" 2>&1 &
+  "$bin/dispatcher" --addr 127.0.0.1:18380 --log-level warn --task-retention 1s --data-dir "$TMP/data" "${flags[@]}" >"$TMP/d.log" 2>&1 &
   d=$!
   GOMAXPROCS=1 "$bin/worker-agent" --dispatcher-url ws://127.0.0.1:18380/worker-listen --worker-id ab --agents 8 \
     --slots "$SLOTS" --max-labels 5 --sim-load-time 0 --sim-run-time 0 --log-level warn >"$TMP/a.log" 2>&1 &
@@ -60,9 +65,9 @@ printf '%-5s %-12s %-12s %-12s %-12s %s\n' pair "$REV" this "$REV req/s" "this r
 wins=0; sum_old=0; sum_new=0
 for p in $(seq 1 "$PAIRS"); do
   if (( p % 2 )); then
-    read -r _ _ o or < <(measure "$TMP/old"); read -r _ _ w wr < <(measure "$TMP/new")
+    read -r _ _ o or < <(measure "$TMP/old" "${OLD_FLAGS:-}"); read -r _ _ w wr < <(measure "$TMP/new" "${NEW_FLAGS:-}")
   else
-    read -r _ _ w wr < <(measure "$TMP/new"); read -r _ _ o or < <(measure "$TMP/old")
+    read -r _ _ w wr < <(measure "$TMP/new" "${NEW_FLAGS:-}"); read -r _ _ o or < <(measure "$TMP/old" "${OLD_FLAGS:-}")
   fi
   cheaper=$(awk -v o="$o" -v w="$w" 'BEGIN{print (w < o) ? "yes" : "no"}')
   [ "$cheaper" = yes ] && wins=$((wins + 1))
