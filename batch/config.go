@@ -46,7 +46,8 @@ type Config struct {
 	// Concurrency is how many tasks are in flight at once. Default 64.
 	Concurrency int
 	// WorkTimeout is how long an issued item may go unanswered before it is issued
-	// again; it can be changed while the job runs (control server). Default 5m.
+	// again; it can be changed while the job runs (control server). Default
+	// DefaultWorkTimeout.
 	WorkTimeout time.Duration
 	// MaxAttempts is how many times an item is issued (timeouts and failed answers)
 	// before it goes to the rejected file. Default 3.
@@ -107,6 +108,13 @@ type Config struct {
 	maxAnswerBytes int64
 }
 
+// DefaultWorkTimeout outlasts the dispatcher's own answer: it answers every task by its
+// deadline (--task-timeout, 5m by default) plus 5 s, 504 when it is past. A work timeout
+// equal to the deadline expired first, counted an attempt, and the reissue attached to
+// the run and got its 504: one deadline cost two attempts. The work timeout is the
+// backstop for an answer that never comes, so it must come after the dispatcher's.
+const DefaultWorkTimeout = 6 * time.Minute
+
 // WithDefaults returns c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
 	def := func(s *string, v string) {
@@ -126,7 +134,7 @@ func (c Config) WithDefaults() Config {
 	}
 	defInt(&c.Concurrency, 64)
 	if c.WorkTimeout == 0 {
-		c.WorkTimeout = 5 * time.Minute
+		c.WorkTimeout = DefaultWorkTimeout
 	}
 	defInt(&c.MaxAttempts, 3)
 	if c.RetryDelay == 0 {

@@ -572,6 +572,22 @@ func TestConfigValidation(t *testing.T) {
 	}
 }
 
+// The dispatcher answers every task by its deadline plus its 5 s overrun grace (504
+// past it): --task-timeout, 5m by default. The work timeout's default was the same 5m,
+// so it expired first (it starts before the dispatcher's deadline does), counted an
+// attempt, and the reissue attached to the run and got its 504, a second attempt for
+// one deadline. The default must leave the dispatcher time to answer, with room for
+// the request's way there and back and for the dispatcher's once-a-tick check.
+func TestDefaultWorkTimeoutOutlastsTheDispatchersDeadline(t *testing.T) {
+	t.Parallel()
+	const dispatcherTaskTimeout = 5 * time.Minute // dispatcher --task-timeout's default
+	const overrunGrace = 5 * time.Second          // dispatcher/hub.go's overrunGrace
+	const room = 30 * time.Second
+	if d := (Config{}).WithDefaults().WorkTimeout; d < dispatcherTaskTimeout+overrunGrace+room {
+		t.Errorf("default work timeout %v: want at least %v, past the dispatcher's latest answer", d, dispatcherTaskTimeout+overrunGrace+room)
+	}
+}
+
 // A bare 503 (the dispatcher shutting down, or a proxy in front while it restarts)
 // refuses the task before it ran: the job pauses and sends it again under the same id,
 // without counting an attempt. Only a task's failed answer moves it to a fresh id.

@@ -47,7 +47,7 @@ func run() (int, error) {
 	fs.StringVar(&cfg.Rejected, "rejected", "", "lines that could not be run, with the reason (default <output>.rejected.jsonl)")
 	fs.StringVar(&cfg.Checkpoint, "checkpoint", "", "progress file (default <output>.checkpoint)")
 	fs.IntVar(&cfg.Concurrency, "concurrency", 64, "tasks in flight at once")
-	fs.DurationVar(&cfg.WorkTimeout, "work-timeout", 5*time.Minute, "an item unanswered for this long is issued again (changeable while running: POST /work-timeout)")
+	fs.DurationVar(&cfg.WorkTimeout, "work-timeout", batch.DefaultWorkTimeout, "an item unanswered for this long is issued again; keep it above the dispatcher's --task-timeout plus 5 s (changeable while running: POST /work-timeout)")
 	fs.IntVar(&cfg.MaxAttempts, "max-attempts", 3, "timeouts and failed answers before an item goes to the rejected file")
 	fs.DurationVar(&cfg.RetryDelay, "retry-delay", time.Second, "wait after a failed answer before issuing the item again; doubles with each, at least the answer's Retry-After")
 	fs.IntVar(&cfg.Lookahead, "lookahead", 0, "read but not yet issued lines the label order chooses from (0: half of --max-out-of-order)")
