@@ -4,11 +4,15 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -807,6 +811,17 @@ func (j *job) handle(r report) {
 			j.retry = append(j.retry, it) // the job is stopping; keeps the books straight
 			return
 		}
+		if hint := unreachable(r.err); hint != "" {
+			// Sent again it fails the same way: paused and retried for ever, a wrong
+			// --dispatcher hung the run without a word past one warning.
+			cause := r.err
+			var urlErr *url.Error
+			if errors.As(r.err, &urlErr) {
+				cause = urlErr.Err // its text repeats the URL
+			}
+			j.fatal = fmt.Errorf("POST %s: %w; %s", j.runTask, cause, hint)
+			return
+		}
 		// No answer: the dispatcher is down or restarting. That is not the item's
 		// fault, so it is not counted; issuing pauses with backoff instead.
 		j.pause(j.bo.NextBackOff(), "no answer from the dispatcher", r.err)
@@ -893,6 +908,25 @@ func (j *job) handle(r report) {
 		it.notBefore = time.Now().Add(max(min(j.cfg.RetryDelay<<min(it.setbacks-1, 10), 5*time.Minute), r.retryAfter))
 		j.failAttempt(it, fmt.Sprintf("dispatcher answered %d: %s", r.status, msg))
 	}
+}
+
+// unreachable says how to fix a request's failure that no retry can get past: a host
+// that does not resolve, or a server certificate the job does not trust. Empty for the
+// rest (refused, reset, timeouts, a DNS server that did not answer), which a
+// dispatcher restarting gives too.
+func unreachable(err error) string {
+	var dnsErr *net.DNSError
+	if errors.As(err, &dnsErr) && dnsErr.IsNotFound {
+		return "its host name does not resolve: check --dispatcher"
+	}
+	var verifyErr *tls.CertificateVerificationError
+	var authorityErr x509.UnknownAuthorityError
+	var hostErr x509.HostnameError
+	var invalidErr x509.CertificateInvalidError
+	if errors.As(err, &verifyErr) || errors.As(err, &authorityErr) || errors.As(err, &hostErr) || errors.As(err, &invalidErr) {
+		return "the job does not trust the dispatcher's certificate: check --dispatcher's host name, and give a private CA in SSL_CERT_FILE"
+	}
+	return ""
 }
 
 func (j *job) pause(d time.Duration, why string, err error) {

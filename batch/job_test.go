@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -790,6 +792,115 @@ func TestRunTask404StopsTheJob(t *testing.T) {
 	}
 	if cp, _, _ := loadCheckpoint(cfg.Output + ".checkpoint"); cp.Lines != 0 {
 		t.Errorf("checkpoint %+v advanced past lines that never ran", cp)
+	}
+}
+
+// A --dispatcher whose certificate the job does not trust, or whose host does not
+// resolve, fails every request the same way however often it is sent. Both were taken
+// for "no answer" (a dispatcher restarting) and paused and retried for ever: the run
+// hung after one warning. They stop the job at once, naming the URL and the cause.
+func TestUnreachableDispatcherStopsTheJob(t *testing.T) {
+	t.Parallel()
+	tlsSrv := httptest.NewUnstartedServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		t.Error("a request reached the server past a certificate the job does not trust")
+	}))
+	tlsSrv.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshakes
+	tlsSrv.StartTLS()
+	t.Cleanup(tlsSrv.Close)
+	for _, tt := range []struct {
+		name, url string
+		cause     string
+	}{
+		{"untrusted certificate", tlsSrv.URL, "x509: certificate signed by unknown authority"},
+		// .invalid never resolves (RFC 6761).
+		{"unknown host", "http://dispatcher.invalid:8080", "no such host"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if strings.HasSuffix(tt.name, "host") {
+				var dnsErr *net.DNSError
+				if _, err := net.DefaultResolver.LookupHost(context.Background(), "dispatcher.invalid"); !errors.As(err, &dnsErr) || !dnsErr.IsNotFound {
+					t.Skipf("no resolver here says .invalid does not exist: %v", err)
+				}
+			}
+			cfg := setup(t, &fakeDispatcher{srv: tlsSrv}, taskLines(20))
+			cfg.DispatcherURL = tt.url
+			s, err := runBounded(cfg)
+			if err == nil || errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("Run: %v, want it stopped by the first answerless request", err)
+			}
+			for _, want := range []string{tt.url + "/run-task", tt.cause, "--dispatcher"} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("Run: %v; want %q in it", err, want)
+				}
+			}
+			if s.Rejected > 0 || s.Reissued > 0 {
+				t.Errorf("summary %+v: lines were charged for the job's URL", s)
+			}
+			if cp, _, _ := loadCheckpoint(cfg.Output + ".checkpoint"); cp.Lines != 0 {
+				t.Errorf("checkpoint %+v advanced past lines that never ran", cp)
+			}
+		})
+	}
+}
+
+// Connections refused or reset are what a dispatcher restarting gives: the job pauses
+// and sends the line again under its id, no attempt counted, until it answers.
+func TestDroppedConnectionsPauseAndRetry(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"refused", "reset"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			var drops atomic.Int32
+			f := newFakeDispatcher(t, nil)
+			if how == "reset" {
+				srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					if drops.Add(1) <= 3 {
+						c, _, err := http.NewResponseController(w).Hijack()
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						_ = c.(*net.TCPConn).SetLinger(0) // close with a reset
+						c.Close()
+						return
+					}
+					var req runTaskBody
+					_ = json.NewDecoder(r.Body).Decode(&req)
+					w.Header().Set("Content-Type", "application/json")
+					_, _ = w.Write([]byte(completed(req)))
+				}))
+				t.Cleanup(srv.Close)
+				f = &fakeDispatcher{srv: srv}
+			}
+			// A socket file whose listener is closed refuses connections, and no other
+			// test can take it as one could a TCP port.
+			sock := filepath.Join(t.TempDir(), "closed.sock")
+			ln, err := net.Listen("unix", sock)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ln.(*net.UnixListener).SetUnlinkOnClose(false)
+			ln.Close()
+			var d net.Dialer
+			tr := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+				if how == "refused" && drops.Add(1) <= 3 {
+					return d.DialContext(ctx, "unix", sock)
+				}
+				return d.DialContext(ctx, network, addr)
+			}}
+			t.Cleanup(tr.CloseIdleConnections)
+			cfg := setup(t, f, taskLines(3))
+			cfg.Concurrency, cfg.Order, cfg.HTTPClient = 1, OrderFile, &http.Client{Transport: tr}
+			s := run(t, cfg)
+			checkOutput(t, cfg.Output, 3)
+			if s.Rejected != 0 || s.Reissued != 0 {
+				t.Errorf("summary %+v: connections %s while the dispatcher was away counted as attempts", s, how)
+			}
+			if drops.Load() <= 3 {
+				t.Errorf("%d connections, want the three %s ones and then answers", drops.Load(), how)
+			}
+		})
 	}
 }
 

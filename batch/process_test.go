@@ -4,7 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
+	"log"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -136,6 +139,43 @@ func TestBadFlagValueExits2(t *testing.T) {
 		var ee *exec.ExitError
 		if !errors.As(err, &ee) || ee.ExitCode() != 2 {
 			t.Errorf("%q: %v, want exit status 2\n%s", bad, err, out)
+		}
+	}
+}
+
+// A dispatcher certificate the job does not trust fails the job at once with exit
+// status 1, README's for an error, and says which URL and why; it hung, retrying.
+func TestUntrustedCertificateExits1(t *testing.T) {
+	t.Parallel()
+	bin := buildBatch(t)
+	srv := httptest.NewUnstartedServer(http.NotFoundHandler())
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshakes
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	cfg := setup(t, &fakeDispatcher{srv: srv}, taskLines(3))
+	cmd := dieWithTest(exec.Command(bin, "--dispatcher", srv.URL, "--input", cfg.Input, "--output", cfg.Output, "--progress", "false", "--log-level", "error"))
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(20 * time.Second):
+		cmd.Process.Kill()
+		<-done
+		t.Fatalf("the job still ran 20 s on a dispatcher whose certificate it does not trust\n%s", stderr.String())
+	}
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		t.Errorf("exit: %v, want status 1\n%s", err, stderr.String())
+	}
+	for _, want := range []string{srv.URL + "/run-task", "certificate signed by unknown authority"} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Errorf("stderr %q: want %q in it", stderr.String(), want)
 		}
 	}
 }
