@@ -239,23 +239,11 @@ func (j *job) checkResume(cp checkpoint) error {
 	return nil
 }
 
-// open reads the checkpoint (writing a fresh one for a new job), cuts the output and
-// rejected files back to what it records, and seeks the input.
+// open locks the output and rejected files, reads the checkpoint (writing a fresh one
+// for a new job), cuts the files back to what it records, and seeks the input.
 func (j *job) open() error {
-	cp, ok, err := loadCheckpoint(j.cfg.Checkpoint)
-	if err != nil {
-		return err
-	}
-	if !ok {
-		// A fresh job must not clobber results it cannot account for.
-		for _, p := range []string{j.cfg.Output, j.cfg.Rejected} {
-			if fi, err := os.Stat(p); err == nil && fi.Size() > 0 {
-				return fmt.Errorf("%s exists and there is no checkpoint %s: remove it to start over", p, j.cfg.Checkpoint)
-			}
-		}
-	}
-	// The input is opened before a fresh job's checkpoint is written: a job that cannot
-	// read it leaves nothing behind.
+	// The input is opened first: a job that cannot read it leaves nothing behind.
+	var err error
 	if j.in, err = os.Open(j.cfg.Input); err != nil {
 		return fmt.Errorf("input: %w", err)
 	}
@@ -263,7 +251,29 @@ func (j *job) open() error {
 	if err != nil {
 		return fmt.Errorf("input: %w", err)
 	}
+	// The locks come before the checkpoint is read: two fresh runs that both read "no
+	// checkpoint" each wrote one, the second's job id over the first's under its running
+	// job; and a run that read a checkpoint the job's last run then moved past would cut
+	// that run's lines back.
+	if j.out, err = openLocked(j.cfg.Output); err != nil {
+		return err
+	}
+	if j.rej, err = openLocked(j.cfg.Rejected); err != nil {
+		return err
+	}
+	cp, ok, err := loadCheckpoint(j.cfg.Checkpoint)
+	if err != nil {
+		return err
+	}
 	if !ok {
+		// A fresh job must not clobber results it cannot account for.
+		for _, f := range []*os.File{j.out, j.rej} {
+			if size, err := fileSize(f); err != nil {
+				return err
+			} else if size > 0 {
+				return fmt.Errorf("%s exists and there is no checkpoint %s: remove it to start over", f.Name(), j.cfg.Checkpoint)
+			}
+		}
 		cp = checkpoint{JobID: newJobID(), InputHeadBytes: min(fi.Size(), inputHeadBytes), Shape: shapeOf(j.cfg)}
 		if cp.InputHead, err = inputHead(j.in, cp.InputHeadBytes); err != nil {
 			return fmt.Errorf("input: %w", err)
@@ -302,11 +312,15 @@ func (j *job) open() error {
 		return fmt.Errorf("input: %w", err)
 	}
 	j.lr = newLineReader(j.in, cp.InputOffset, j.cfg.MaxLineBytes)
-	if j.out, err = openLocked(j.cfg.Output, cp.OutputSize); err != nil {
-		return err
-	}
-	if j.rej, err = openLocked(j.cfg.Rejected, cp.RejectedSize); err != nil {
-		return err
+	for _, f := range []struct {
+		file *os.File
+		want int64
+	}{{j.out, cp.OutputSize}, {j.rej, cp.RejectedSize}} {
+		if size, err := fileSize(f.file); err != nil {
+			return err
+		} else if size < f.want {
+			return fmt.Errorf("%s is %d bytes, shorter than the checkpoint's %d: it was changed outside the job", f.file.Name(), size, f.want)
+		}
 	}
 	if ok {
 		// Nothing is cut back until every file agrees with the checkpoint.
@@ -329,11 +343,11 @@ func (j *job) open() error {
 // errLocked is lockFile's answer when another process holds the lock.
 var errLocked = errors.New("locked")
 
-// openLocked opens path for writing, at least size bytes long. It holds the file's
-// lock until the file is closed, taken before cutBack: a second run of a running job
-// (a cron job overlapping the last one) would cut the files under the first one and
-// interleave their lines.
-func openLocked(path string, size int64) (*os.File, error) {
+// openLocked opens path for writing and holds its lock until the file is closed. The
+// lock is taken before anything reads the checkpoint or cuts a file back: a second run
+// of a running job (a cron job overlapping the last one) would cut the files under the
+// first one and interleave their lines.
+func openLocked(path string) (*os.File, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
 		return nil, err
@@ -344,20 +358,20 @@ func openLocked(path string, size int64) (*os.File, error) {
 		// Some file systems (some network mounts) refuse locks; say which file.
 		err = fmt.Errorf("locking %s: %w", path, err)
 	}
-	var fi os.FileInfo
-	if err == nil {
-		if fi, err = f.Stat(); err != nil {
-			err = fmt.Errorf("reading %s: %w", path, err)
-		}
-	}
-	if err == nil && fi.Size() < size {
-		err = fmt.Errorf("%s is %d bytes, shorter than the checkpoint's %d: it was changed outside the job", path, fi.Size(), size)
-	}
 	if err != nil {
 		f.Close()
 		return nil, err
 	}
 	return f, nil
+}
+
+// fileSize is f's size now.
+func fileSize(f *os.File) (int64, error) {
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, fmt.Errorf("reading %s: %w", f.Name(), err)
+	}
+	return fi.Size(), nil
 }
 
 // cutBack cuts f back to size: anything beyond was written after the last checkpoint

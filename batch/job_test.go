@@ -1075,6 +1075,54 @@ func TestSecondRunOfARunningJobIsRefused(t *testing.T) {
 	}
 }
 
+// Two fresh runs of one job started together (a cron job fired twice): the lock was
+// taken only after the checkpoint was read and a fresh one written, so a second run
+// read, or wrote, the checkpoint while the first was opening: both could write one, the
+// second's job id over the first's, or the second took the first's fresh checkpoint for
+// a job to resume. Here the first is held just after writing its checkpoint; the second
+// must be refused by the lock without touching it.
+func TestSecondFreshRunWhileTheFirstOpensIsRefused(t *testing.T) {
+	t.Parallel()
+	f := newFakeDispatcher(t, nil)
+	cfg := setup(t, f, taskLines(5))
+	first := cfg
+	written, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	first.syncDir = func(dir string) error {
+		// The first directory sync is the fresh checkpoint's, after its rename.
+		once.Do(func() {
+			close(written)
+			<-release
+		})
+		return syncDir(dir)
+	}
+	wait := runAsync(t, first)
+	<-written
+	before, err := os.ReadFile(cfg.Output + ".checkpoint")
+	if err != nil {
+		t.Fatal(err)
+	}
+	secondCtx, stopSecond := context.WithCancel(context.Background())
+	defer stopSecond()
+	go func() { // a second run that was not refused is stopped once it submits a line
+		<-f.arrivedCh
+		stopSecond()
+	}()
+	_, err = Run(secondCtx, cfg)
+	if err == nil || !strings.Contains(err.Error(), "in use by another batch job") {
+		t.Errorf("a second fresh run while the first opens: %v; want it refused by the lock", err)
+	}
+	if after, _ := os.ReadFile(cfg.Output + ".checkpoint"); string(after) != string(before) {
+		t.Errorf("the second run changed the first's checkpoint:\n%s\nwas\n%s", after, before)
+	}
+	close(release)
+	s := wait()
+	checkOutput(t, cfg.Output, 5)
+	if cp, _, _ := loadCheckpoint(cfg.Output + ".checkpoint"); cp.JobID != s.JobID || cp.Lines != 5 {
+		t.Errorf("checkpoint %+v after the first run (job %s) ended", cp, s.JobID)
+	}
+}
+
 // A gateway in front of the dispatcher that sends unauthenticated requests to its
 // sign-in page (302, followed by the client, then 200 HTML) answers 200 without a
 // task's answer. Taking that for a completed task wrote every line as completed with
