@@ -45,9 +45,9 @@ type Config struct {
 	Checkpoint string
 	// Concurrency is how many tasks are in flight at once. Default 64.
 	Concurrency int
-	// WorkTimeout is how long an issued item may go unanswered before it is issued
-	// again; it can be changed while the job runs (control server). Default
-	// DefaultWorkTimeout.
+	// WorkTimeout is how long an issued item may go unanswered (a proxy's bare 502s are
+	// no answer) before it is issued again, an attempt counted; it can be changed while
+	// the job runs (control server). Default DefaultWorkTimeout.
 	WorkTimeout time.Duration
 	// MaxAttempts is how many times an item is issued (timeouts and failed answers)
 	// before it goes to the rejected file. Default 3.

@@ -70,6 +70,9 @@ type item struct {
 	// notBefore holds a reissue after a failed answer back until then (RetryDelay).
 	notBefore time.Time
 	cancel    context.CancelFunc
+	// proxyOnlySince is when the line's run of bare 502s (a proxy's, no answer) began:
+	// the issue of the first attempt so answered. Zero once anything else answers it.
+	proxyOnlySince time.Time
 
 	done bool
 	miss bool   // completed on a worker that loaded its label; counted when written
@@ -814,6 +817,8 @@ func (j *job) handle(r report) {
 	it.inFlight = false
 	delete(j.inflight, it)
 	it.cancel()
+	proxyOnlySince := it.proxyOnlySince
+	it.proxyOnlySince = time.Time{} // kept only by another bare 502, below
 	if r.err != nil {
 		if errors.Is(r.err, errAnswerTooLarge) {
 			// Read in part it is no answer; read again it is as large: the line's result
@@ -897,6 +902,22 @@ func (j *job) handle(r report) {
 		// proxy, and counted as attempts it rejected every line a restart reached. Pause
 		// as for no answer, no attempt, and keep the id to attach to a journaled run.
 		j.pause(max(j.bo.NextBackOff(), r.retryAfter), fmt.Sprintf("dispatcher refused the task for now (%d)", r.status), errors.New(msg))
+		if r.status == http.StatusBadGateway {
+			// Unanswered for good, though, if the proxy passes other lines and never this
+			// one (it takes the dispatcher's connection down: a query of death): paused
+			// for ever, it held the window until the run stalled. A line that gets nothing
+			// but such 502s for the work timeout is unanswered that long, and counts an
+			// attempt as a timeout does; a restart is far shorter.
+			if proxyOnlySince.IsZero() {
+				proxyOnlySince = it.issuedAt
+			}
+			it.proxyOnlySince = proxyOnlySince
+			if timeout := time.Duration(j.timeout.Load()); time.Since(proxyOnlySince) >= timeout {
+				it.proxyOnlySince = time.Time{}
+				j.failAttempt(it, fmt.Sprintf("a proxy answered only %d (it could not reach the dispatcher) for the work timeout %s: %s", r.status, timeout, msg))
+				return
+			}
+		}
 		j.retry = append(j.retry, it)
 	default:
 		// Only the task's failed answer (its view, status "failed") is kept by the
@@ -966,6 +987,7 @@ func (j *job) expire(now time.Time) {
 		it.inFlight = false
 		delete(j.inflight, it)
 		it.cancel()
+		it.proxyOnlySince = time.Time{} // this timeout counts the attempt those 502s began
 		j.failAttempt(it, fmt.Sprintf("no answer within the work timeout %s", timeout))
 	}
 }

@@ -656,6 +656,40 @@ func TestProxy502IsNoAnswer(t *testing.T) {
 	}
 }
 
+// A proxy that passes every line but one, and answers that one a bare 502 each time
+// (the dispatcher drops its connection on it: a query of death), paused submissions
+// and sent the line again for ever, never an attempt: it held the window, and the run
+// stalled on it. A line that gets nothing but such 502s for the work timeout counts an
+// attempt, as a line unanswered that long does, and is rejected after MaxAttempts,
+// under its one task id; the other lines complete.
+func TestProxy502ForOneLineIsBoundedByTheWorkTimeout(t *testing.T) {
+	t.Parallel()
+	const nginx502 = "<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n"
+	f := newFakeDispatcher(t, func(_ context.Context, _ runTaskBody, line, _ int) (int, string) {
+		if line == 2 {
+			return http.StatusBadGateway, nginx502
+		}
+		return http.StatusOK, ""
+	})
+	cfg := setup(t, f, taskLines(5))
+	cfg.Concurrency, cfg.MaxAttempts, cfg.WorkTimeout = 2, 2, 300*time.Millisecond
+	run(t, cfg)
+	checkOutput(t, cfg.Output, 5, 2)
+	rej := readLines(t, cfg.Output+".rejected.jsonl")
+	if len(rej) != 1 || !strings.Contains(rej[0], "gave up after 2 attempts") || !strings.Contains(rej[0], "answered only 502") {
+		t.Errorf("rejected file %q: want line 2, given up after 2 attempts of 502s", rej)
+	}
+	reqs := f.requests(2)
+	if len(reqs) < 3 {
+		t.Errorf("line 2 was submitted %d times: its 502s must pause and retry within an attempt, not count one each", len(reqs))
+	}
+	for _, r := range reqs {
+		if r.TaskID != reqs[0].TaskID {
+			t.Errorf("line 2 was submitted as %s, first as %s: a 502 without the task's answer keeps the id", r.TaskID, reqs[0].TaskID)
+		}
+	}
+}
+
 // The dispatcher's 429 says Retry-After: 1; the job waits that long, not its first
 // 100 ms backoff.
 func TestRetryAfterHonouredOn429(t *testing.T) {
