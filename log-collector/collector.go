@@ -296,10 +296,21 @@ func New(cfg Config) (*Collector, error) {
 // done. Only Run pings the streams; served this way, they live on the agents' pings.
 func (c *Collector) Handler() http.Handler { return c.echo }
 
+// errHandlerPanicked marks the 500 of a recovered panic, logged already with its stack.
+var errHandlerPanicked = errors.New("handler panicked")
+
 func (c *Collector) routes() *echo.Echo {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
-	e.Use(middleware.Recover())
+	// A handler's panic is logged through the collector's zerolog stream, with the
+	// panicking goroutine's stack only, rather than through Echo's own logger.
+	e.Use(middleware.RecoverWithConfig(middleware.RecoverConfig{
+		DisableStackAll: true,
+		LogErrorFunc: func(ctx echo.Context, err error, stack []byte) error {
+			c.log.Error().Err(err).Str("path", ctx.Path()).Bytes("stack", stack).Msg("handler panicked")
+			return &echo.HTTPError{Code: http.StatusInternalServerError, Message: "internal error", Internal: errHandlerPanicked}
+		},
+	}))
 	e.HTTPErrorHandler = func(err error, ctx echo.Context) {
 		if ctx.Response().Committed {
 			return
@@ -309,7 +320,7 @@ func (c *Collector) routes() *echo.Echo {
 		if errors.As(err, &he) {
 			status, msg = he.Code, fmt.Sprint(he.Message)
 		}
-		if status >= 500 {
+		if status >= 500 && !errors.Is(err, errHandlerPanicked) {
 			c.log.Error().Err(err).Str("path", ctx.Path()).Msg("request failed")
 		}
 		_ = ctx.JSON(status, errorBody{msg})
