@@ -113,6 +113,17 @@ var escapedInJSON = func() (t [256]bool) {
 // appendFloat formats like encoding/json: shortest form, exponent only outside
 // [1e-6, 1e21). Durations are never NaN or infinite.
 func appendFloat(b []byte, f float64) []byte {
+	// The view's milliseconds come from whole nanoseconds (ms): f is the float64
+	// nearest n/1e6. Every decimal of at most 15 significant digits round-trips
+	// through a float64, so no shorter decimal names f, and n's digits with the point
+	// six from the right are the shortest form, without strconv's general search
+	// (three per answer: 0.15 us per request in the throughput profile). A wrong n
+	// cannot pass the check: it would be a second such decimal naming f.
+	if f > 0 && f < 1e9 {
+		if n := int64(math.Round(f * 1e6)); float64(n)/1e6 == f {
+			return appendMicros(b, n)
+		}
+	}
 	if math.IsNaN(f) || math.IsInf(f, 0) {
 		return append(b, '0')
 	}
@@ -122,4 +133,24 @@ func appendFloat(b []byte, f float64) []byte {
 		return append(b, q...)
 	}
 	return strconv.AppendFloat(b, f, 'f', -1, 64)
+}
+
+// appendMicros writes n millionths in decimal, without trailing zeros.
+func appendMicros(b []byte, n int64) []byte {
+	b = strconv.AppendInt(b, n/1e6, 10)
+	frac := n % 1e6
+	if frac == 0 {
+		return b
+	}
+	var digits [7]byte // '.' and six places
+	digits[0] = '.'
+	for i := 6; i > 0; i-- {
+		digits[i] = byte('0' + frac%10)
+		frac /= 10
+	}
+	end := 7
+	for digits[end-1] == '0' {
+		end--
+	}
+	return append(b, digits[:end]...)
 }

@@ -3,9 +3,11 @@ package dispatcher
 import (
 	"bytes"
 	"encoding/json"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/labstack/echo/v4"
 )
@@ -58,11 +60,34 @@ func TestAnswerMatchesEncodingJSON(t *testing.T) {
 	}
 }
 
+// Milliseconds made from durations (appendFloat's fast path) are written as
+// encoding/json writes them, at the edges of the fast path and across its range.
+func TestDurationMillisMatchEncodingJSON(t *testing.T) {
+	t.Parallel()
+	ds := []time.Duration{0, 1, 9, 10, 999, 1000, 1001, 35123, 100_000, 999_999, 1_000_000, 1_000_001,
+		1_234_567, 40 * time.Millisecond, 400*time.Millisecond + 250*time.Microsecond, time.Hour + 1,
+		999_999_999_999_999, 1_000_000_000_000_000, 1_000_000_000_000_001, 1<<53 - 1, 1 << 53, 1<<63 - 1}
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 200_000 {
+		ds = append(ds, time.Duration(r.Int64N(1_000_000_000_000_000)), time.Duration(r.Int64N(100_000_000)))
+	}
+	for _, d := range ds {
+		want, err := json.Marshal(ms(d))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := appendFloat(nil, ms(d)); !bytes.Equal(got, want) {
+			t.Fatalf("%d ns: got %s, want %s", d, got, want)
+		}
+	}
+}
+
 // FuzzAnswer: any strings and numbers encode to JSON that decodes back to the view.
 func FuzzAnswer(f *testing.F) {
-	f.Add("t-1", "label", "worker error: <x>", 1.5, 0.0000001, 3)
-	f.Fuzz(func(t *testing.T, id, label, errMsg string, queue, run float64, attempts int) {
-		v := taskView{TaskID: id, Status: statusFailed, Label: label, TaskType: "x", QueueMS: queue, RunMS: run, Attempts: attempts, Error: errMsg}
+	f.Add("t-1", "label", "worker error: <x>", 1.5, 0.0000001, 3, int64(35123))
+	f.Fuzz(func(t *testing.T, id, label, errMsg string, queue, run float64, attempts int, load int64) {
+		v := taskView{TaskID: id, Status: statusFailed, Label: label, TaskType: "x", QueueMS: queue, RunMS: run, Attempts: attempts, Error: errMsg,
+			LoadMS: ms(time.Duration(load))}
 		want, err := json.Marshal(v)
 		if err != nil {
 			return // NaN and infinities: durations are never either
