@@ -126,3 +126,77 @@ func TestDelayIsTimeOutsideTheTask(t *testing.T) {
 	}
 	check(t, b.s)
 }
+
+// One very long delay (a 10 s network stall) counts as MaxDelaySlack, and the slack
+// halves from there: uncapped, it would stay above a second for over three minutes.
+func TestDelaySlackIsCapped(t *testing.T) {
+	t.Parallel()
+	b := delayBundle(t)
+	b.runLate("a", 10*time.Second)
+	if got := b.s.DelaySlack(); got != time.Second {
+		t.Fatalf("DelaySlack = %v after a result 10 s late, want the 1s default cap", got)
+	}
+	b.clock.advance(time.Minute)
+	if got := b.s.DelaySlack(); got != 500*time.Millisecond {
+		t.Fatalf("DelaySlack = %v a minute on, want half the cap", got)
+	}
+
+	c := setup(t, Config{MaxDelaySlack: 200 * time.Millisecond})
+	c.worker("h", 2, 1, "a")
+	c.runLate("a", 10*time.Second)
+	if got := c.s.DelaySlack(); got != 200*time.Millisecond {
+		t.Fatalf("DelaySlack = %v with MaxDelaySlack 200ms, want 200ms", got)
+	}
+	if _, err := New(Config{MaxDelaySlack: -time.Second}, &fakeClock{}); err == nil {
+		t.Fatal("negative MaxDelaySlack accepted")
+	}
+}
+
+// After one very long delay, a holder that is stuck is still found once its task is
+// past its estimate by the capped slack and a load and a half: the task waiting for
+// it loads on the free worker. Within the cap the holder still counts as stalled.
+func TestStuckHolderIsFoundPastTheCappedSlack(t *testing.T) {
+	t.Parallel()
+	b := delayBundle(t)
+	b.runLate("a", 10*time.Second)
+	one(t, b.submit(b.task("a"))) // the holder's task, which never ends
+	b.clock.advance(900 * time.Millisecond)
+	waiting := b.task("a")
+	if as := b.submit(waiting); len(as) != 0 {
+		t.Fatalf("the holder is 898 ms past its estimate, within the 1 s cap; got %+v, want the task to wait", as)
+	}
+	// 1098 ms past its 2 ms estimate: past the slack (987 ms by now) by more than a
+	// load and a half (30 ms). The task has waited 200 ms: not overdue.
+	b.clock.advance(200 * time.Millisecond)
+	as := b.s.Rebalance().Assigned
+	if len(as) != 1 || as[0].Task != waiting || as[0].WorkerID != "f" || !as[0].Load || as[0].Reason != LoadBeatsWait {
+		t.Fatalf("got %+v, want %s loading a on f (load beats wait): the holder is stuck, whatever the 10 s delay", as, waiting.ID)
+	}
+	check(t, b.s)
+}
+
+// After one very long delay, a task waiting behind a stuck holder is overdue once it
+// has waited a load and a run past the capped slack. Loads of 200 ms leave a window
+// where only that rule loads: the holder is expected to free within a load and a
+// half, not within half a load.
+func TestOverdueCountsPastTheCappedSlack(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{LoadTimePrior: 200 * time.Millisecond, RunTimePrior: 2 * time.Millisecond})
+	b.worker("h", 2, 1, "a", "b")
+	b.worker("f", 2, 1, "c", "d")
+	b.runLate("a", 10*time.Second)
+	one(t, b.submit(b.task("a"))) // the holder's task, which never ends
+	waiting := b.task("a")
+	none(t, b.submit(waiting))
+	// Slack 987 ms: 1150 ms is within a load and a run (202 ms) past it.
+	b.clock.advance(1150 * time.Millisecond)
+	none(t, b.s.Rebalance().Assigned)
+	// At 1240 ms (slack 986 ms) the wait is past them; the holder, 252 ms past the
+	// slack, is expected to free within a load and a half (300 ms) but not half a load.
+	b.clock.advance(90 * time.Millisecond)
+	as := b.s.Rebalance().Assigned
+	if len(as) != 1 || as[0].Task != waiting || as[0].WorkerID != "f" || !as[0].Load || as[0].Reason != LoadOverdue {
+		t.Fatalf("got %+v, want %s loading a on f (overdue)", as, waiting.ID)
+	}
+	check(t, b.s)
+}

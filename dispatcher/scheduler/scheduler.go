@@ -61,6 +61,14 @@ type Config struct {
 	// observation. Zero means 400ms and 50ms (the seed's figures).
 	LoadTimePrior time.Duration
 	RunTimePrior  time.Duration
+	// MaxDelaySlack caps the delay slack (see observeDelay): a result later than this
+	// for reasons outside its task counts as this late. The slack lets a holder overrun
+	// its estimate, and a queued task wait, by that much before either counts against
+	// waiting; one long network stall, uncapped, let every stuck holder pass for
+	// stalled for minutes. The cap is the longest stall the scheduler waits out: above
+	// the 30 ms to 700 ms seen on a busy host, and under the pass-over floor. Zero
+	// means 1s.
+	MaxDelaySlack time.Duration
 	// LabelFailureThreshold load failures of one label within LabelFailureWindow mark
 	// the label failing for LabelFailureCooldown: its tasks fail at once instead of
 	// loading on worker after worker. Zero means 3, 1m and 30s.
@@ -96,6 +104,9 @@ func (c Config) WithDefaults() Config {
 	if c.RunTimePrior == 0 {
 		c.RunTimePrior = 50 * time.Millisecond
 	}
+	if c.MaxDelaySlack == 0 {
+		c.MaxDelaySlack = time.Second
+	}
 	if c.LabelFailureThreshold == 0 {
 		c.LabelFailureThreshold = 3
 	}
@@ -120,8 +131,8 @@ func (c Config) validate() error {
 	if c.MaxAttempts < 1 {
 		return fmt.Errorf("scheduler: MaxAttempts must be at least 1, got %d", c.MaxAttempts)
 	}
-	if c.MaxPassOver < 0 || c.PassOverLoads < 0 || c.LoadTimePrior < 0 || c.RunTimePrior < 0 {
-		return errors.New("scheduler: MaxPassOver, PassOverLoads, LoadTimePrior and RunTimePrior must not be negative")
+	if c.MaxPassOver < 0 || c.PassOverLoads < 0 || c.LoadTimePrior < 0 || c.RunTimePrior < 0 || c.MaxDelaySlack < 0 {
+		return errors.New("scheduler: MaxPassOver, PassOverLoads, LoadTimePrior, RunTimePrior and MaxDelaySlack must not be negative")
 	}
 	if err := CheckPassOverLoads(c.PassOverLoads, c.LoadTimePrior); err != nil {
 		return fmt.Errorf("scheduler: PassOverLoads: %w", err)
@@ -721,7 +732,15 @@ const delayHalfLife = time.Minute
 // shrink with the task: on a host busy with other work it was 30 ms to 2 s for about
 // 1 result in 100, on tasks of 2 ms. The largest recent delay is the slack remaining
 // allows a running attempt before it counts as overrunning. (The simulator has no such delay: its slack stays 0.)
+//
+// A delay counts for at most MaxDelaySlack. The slack is one figure for every holder,
+// so one stall of one worker (a 10 s network outage) made every stuck holder in the
+// fleet pass for stalled until it had halved down to their loads, minutes later, and
+// their queued tasks waited that long rather than load elsewhere. Capped where it is
+// observed, not where it is used, it also fades from the cap at once, not after
+// halving down to it.
 func (s *Scheduler) observeDelay(d time.Duration) {
+	d = min(d, s.cfg.MaxDelaySlack)
 	// The decayed maximum is the same whether or not it is re-anchored at every
 	// observation (halving is memoryless), so only a new maximum is stored.
 	if d <= 0 || (d < s.delay && d <= s.slackNow()) {
@@ -740,7 +759,8 @@ func (s *Scheduler) slackNow() time.Duration {
 }
 
 // DelaySlack is how far past its estimate a running attempt may go before it counts as
-// overrunning: the largest delay outside the task seen lately (see observeDelay).
+// overrunning: the largest delay outside the task seen lately, at most MaxDelaySlack
+// (see observeDelay).
 func (s *Scheduler) DelaySlack() time.Duration { return s.delaySlack(s.clock.Now()) }
 
 // delaySlack is the largest delay observed (observeDelay), halved for every
@@ -1394,7 +1414,9 @@ func (s *Scheduler) loadEndBeatsWait(h *heldLabel, ahead int) bool {
 // not far longer than the stall: on seed-4 at time-scale 0.05 (20 ms loads, 2 ms
 // runs) on a busy host, a 30 to 140 ms stall of a holder's 2 ms task loaded its label
 // on the other worker, evicting the only copy of a label that the next task for it
-// then loaded again: two misses a stall, 4 to 7 stalls a run.
+// then loaded again: two misses a stall, 4 to 7 stalls a run. The slack is at most
+// MaxDelaySlack, so a stuck holder is still found once its task is that, and a load
+// and a half (with any regret), past its estimate.
 func (s *Scheduler) remaining(w *worker) time.Duration {
 	if len(w.running) < w.slots {
 		return 0
