@@ -73,7 +73,8 @@ func scaled(d time.Duration, scale float64) time.Duration {
 // takes: a holder busy loading one looked 450 ms from free, so a task for its other
 // label loaded that label on the other worker, evicting a label the next task missed
 // (2 extra misses at the start of both runs traced). At the smallest scale, 1e-6, none
-// rounds to 0, which the dispatcher refuses.
+// rounds to 0, which the dispatcher refuses. --max-delay-slack is not scaled: it bounds
+// delays outside the tasks (the host, the network), which the scale does not shrink.
 func dispatcherArgs(cfg Config, addr string, random bool, dir string, extra []string) []string {
 	sched := scheduler.Config{}.WithDefaults()
 	args := []string{

@@ -76,6 +76,7 @@ func run(args []string) error {
 	passOver := fs.Duration("max-pass-over", schedDefaults.MaxPassOver, "floor of how long a task may be passed over for other labels' backlogs")
 	metricsMaxLabels := fs.Int("metrics-max-labels", 500, "labels with series of their own in /metrics; the rest count as label=\"other\"")
 	passOverLoads := fs.Float64("pass-over-loads", schedDefaults.PassOverLoads, "how long a task may be passed over, in load times of its label")
+	maxDelaySlack := fs.Duration("max-delay-slack", schedDefaults.MaxDelaySlack, "most a result's delay outside its task (network, a busy host) lets a holder overrun its estimate before it counts as stuck")
 	maxBody := fs.Int64("max-body-bytes", 1<<20, "largest /run-task or /upload-model body; larger gets 413")
 	bodyReadTimeout := fs.Duration("body-read-timeout", 30*time.Second, "how long a request, its body included, may take to arrive; a body that stalls gets 408 (not the wait for a task's answer)")
 	idleTimeout := fs.Duration("idle-timeout", 2*time.Minute, "how long a kept-alive HTTP connection may wait for its next request before it is closed")
@@ -171,7 +172,7 @@ func run(args []string) error {
 		Scheduler: scheduler.Config{Policy: routing, MaxAttempts: *maxAttempts,
 			LoadTimePrior: *loadPrior, RunTimePrior: *runPrior, MaxPassOver: *passOver, PassOverLoads: *passOverLoads,
 			LabelFailureThreshold: *failThreshold, LabelFailureWindow: *failWindow, LabelFailureCooldown: *failCooldown,
-			FleetSettle: *fleetSettle},
+			FleetSettle: *fleetSettle, MaxDelaySlack: *maxDelaySlack},
 		TaskTimeout:        *taskTimeout,
 		ShutdownTimeout:    *shutdownTimeout,
 		UploaderURL:        *uploaderURL,
@@ -254,7 +255,7 @@ func run(args []string) error {
 // with 30s or 10m instead would be a silent surprise.
 var zeroMeansDefault = []string{
 	"task-timeout", "shutdown-timeout", "max-queued", "max-attempts", "load-time-prior", "run-time-prior",
-	"max-pass-over", "pass-over-loads", "metrics-max-labels", "max-body-bytes", "max-params-bytes",
+	"max-pass-over", "pass-over-loads", "max-delay-slack", "metrics-max-labels", "max-body-bytes", "max-params-bytes",
 	"send-queue-frames", "max-frame-bytes", "label-failure-threshold", "label-failure-window",
 	"label-failure-cooldown", "fleet-settle", "task-retention", "task-retention-count", "task-retention-bytes", "journal-lock-timeout",
 	"body-read-timeout", "idle-timeout",

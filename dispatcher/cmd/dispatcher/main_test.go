@@ -90,7 +90,7 @@ func TestUnexpectedArgumentsRefused(t *testing.T) {
 func TestZeroThatWouldMeanTheDefaultIsRefused(t *testing.T) {
 	for _, args := range [][]string{
 		{"--label-failure-cooldown", "0"}, {"--fleet-settle", "0s"}, {"--task-retention=0s"}, {"--max-queued", "0"}, {"--task-retention-bytes", "0"},
-		{"--body-read-timeout", "0"}, {"--idle-timeout=0s"},
+		{"--body-read-timeout", "0"}, {"--idle-timeout=0s"}, {"--max-delay-slack", "0s"},
 	} {
 		err := run(append([]string{"--addr", "127.0.0.1:0"}, args...))
 		if err == nil || !strings.Contains(err.Error(), "must be more than 0") {
