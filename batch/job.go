@@ -131,6 +131,11 @@ type job struct {
 	fatal     error
 	// warnedConflict: a 409 was logged; the input changed, and one warning says so.
 	warnedConflict bool
+	// answered: something answered the job's HTTP requests in this run, so the URL was
+	// right. A host that stops resolving or a certificate that stops being trusted
+	// later is a Service being recreated or a certificate being rotated, waited out as
+	// no answer, not a wrong --dispatcher.
+	answered bool
 
 	// Read by the control server; written by the loop (atomics) or the server.
 	timeout        atomic.Int64 // nanoseconds
@@ -830,23 +835,28 @@ func (j *job) handle(r report) {
 			j.retry = append(j.retry, it) // the job is stopping; keeps the books straight
 			return
 		}
+		why := "no answer from the dispatcher"
 		if hint := unreachable(r.err); hint != "" {
-			// Sent again it fails the same way: paused and retried for ever, a wrong
-			// --dispatcher hung the run without a word past one warning.
-			cause := r.err
-			var urlErr *url.Error
-			if errors.As(r.err, &urlErr) {
-				cause = urlErr.Err // its text repeats the URL
+			if !j.answered {
+				// Sent again it fails the same way: paused and retried for ever, a wrong
+				// --dispatcher hung the run without a word past one warning.
+				cause := r.err
+				var urlErr *url.Error
+				if errors.As(r.err, &urlErr) {
+					cause = urlErr.Err // its text repeats the URL
+				}
+				j.fatal = fmt.Errorf("POST %s: %w; %s", j.runTask, cause, hint)
+				return
 			}
-			j.fatal = fmt.Errorf("POST %s: %w; %s", j.runTask, cause, hint)
-			return
+			why += " (" + hint + ")"
 		}
 		// No answer: the dispatcher is down or restarting. That is not the item's
 		// fault, so it is not counted; issuing pauses with backoff instead.
-		j.pause(j.bo.NextBackOff(), "no answer from the dispatcher", r.err)
+		j.pause(j.bo.NextBackOff(), why, r.err)
 		j.retry = append(j.retry, it)
 		return
 	}
+	j.answered = true
 	// A body that is not JSON leaves a empty, and an error's status says enough; a field
 	// of another type leaves that field empty, and aerr says so.
 	var a answer
