@@ -12,7 +12,12 @@ import (
 // delayBundle is two workers holding two labels each, every label a sole copy: a load
 // anywhere evicts a label that the next task for it then misses.
 func delayBundle(t *testing.T) *bundle {
-	b := setup(t, Config{LoadTimePrior: 20 * time.Millisecond, RunTimePrior: 2 * time.Millisecond})
+	return delayBundleCapped(t, 0)
+}
+
+// delayBundleCapped is delayBundle with MaxDelaySlack set (0: the default).
+func delayBundleCapped(t *testing.T, maxSlack time.Duration) *bundle {
+	b := setup(t, Config{LoadTimePrior: 20 * time.Millisecond, RunTimePrior: 2 * time.Millisecond, MaxDelaySlack: maxSlack})
 	b.worker("h", 2, 1, "a", "b")
 	b.worker("f", 2, 1, "c", "d")
 	return b
@@ -133,11 +138,11 @@ func TestDelaySlackIsCapped(t *testing.T) {
 	t.Parallel()
 	b := delayBundle(t)
 	b.runLate("a", 10*time.Second)
-	if got := b.s.DelaySlack(); got != time.Second {
-		t.Fatalf("DelaySlack = %v after a result 10 s late, want the 1s default cap", got)
+	if got := b.s.DelaySlack(); got != 2*time.Second {
+		t.Fatalf("DelaySlack = %v after a result 10 s late, want the 2s default cap", got)
 	}
 	b.clock.advance(time.Minute)
-	if got := b.s.DelaySlack(); got != 500*time.Millisecond {
+	if got := b.s.DelaySlack(); got != time.Second {
 		t.Fatalf("DelaySlack = %v a minute on, want half the cap", got)
 	}
 
@@ -157,7 +162,7 @@ func TestDelaySlackIsCapped(t *testing.T) {
 // it loads on the free worker. Within the cap the holder still counts as stalled.
 func TestStuckHolderIsFoundPastTheCappedSlack(t *testing.T) {
 	t.Parallel()
-	b := delayBundle(t)
+	b := delayBundleCapped(t, time.Second)
 	b.runLate("a", 10*time.Second)
 	one(t, b.submit(b.task("a"))) // the holder's task, which never ends
 	b.clock.advance(900 * time.Millisecond)
@@ -181,7 +186,7 @@ func TestStuckHolderIsFoundPastTheCappedSlack(t *testing.T) {
 // half, not within half a load.
 func TestOverdueCountsPastTheCappedSlack(t *testing.T) {
 	t.Parallel()
-	b := setup(t, Config{LoadTimePrior: 200 * time.Millisecond, RunTimePrior: 2 * time.Millisecond})
+	b := setup(t, Config{LoadTimePrior: 200 * time.Millisecond, RunTimePrior: 2 * time.Millisecond, MaxDelaySlack: time.Second})
 	b.worker("h", 2, 1, "a", "b")
 	b.worker("f", 2, 1, "c", "d")
 	b.runLate("a", 10*time.Second)
