@@ -878,39 +878,13 @@ func TestUnreachableDispatcherStopsTheJob(t *testing.T) {
 	}
 }
 
-// Once the dispatcher has answered, a host that stops resolving is a Service being
-// recreated, not a wrong URL: the job pauses as for no answer, no attempt counted,
-// and carries on when the name resolves again.
-func TestUnresolvableHostAfterAnAnswerPauses(t *testing.T) {
-	t.Parallel()
-	f := newFakeDispatcher(t, nil)
-	var dials atomic.Int32
-	var d net.Dialer
-	tr := &http.Transport{DisableKeepAlives: true, // every request dials, and so resolves
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			if n := dials.Add(1); n >= 2 && n <= 4 {
-				return nil, &net.DNSError{Err: "no such host", Name: "dispatcher.example", IsNotFound: true}
-			}
-			return d.DialContext(ctx, network, addr)
-		}}
-	t.Cleanup(tr.CloseIdleConnections)
-	cfg := setup(t, f, taskLines(3))
-	cfg.Concurrency, cfg.Order, cfg.HTTPClient = 1, OrderFile, &http.Client{Transport: tr}
-	s := run(t, cfg)
-	checkOutput(t, cfg.Output, 3)
-	if s.Rejected != 0 || s.Reissued != 0 {
-		t.Errorf("summary %+v: requests while the name did not resolve counted as attempts", s)
-	}
-	if dials.Load() < 6 {
-		t.Errorf("%d dials, want one answered, three unresolved, then the rest answered", dials.Load())
-	}
-}
-
 // Connections refused or reset are what a dispatcher restarting gives: the job pauses
-// and sends the line again under its id, no attempt counted, until it answers.
+// and sends the line again under its id, no attempt counted, until it answers. So
+// does a host that stops resolving once the dispatcher has answered ("unresolved"): a
+// Service being recreated, not a wrong URL.
 func TestDroppedConnectionsPauseAndRetry(t *testing.T) {
 	t.Parallel()
-	for _, how := range []string{"refused", "reset"} {
+	for _, how := range []string{"refused", "reset", "unresolved"} {
 		t.Run(how, func(t *testing.T) {
 			t.Parallel()
 			var drops atomic.Int32
@@ -946,11 +920,17 @@ func TestDroppedConnectionsPauseAndRetry(t *testing.T) {
 			ln.Close()
 			var d net.Dialer
 			tr := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-				if how == "refused" && drops.Add(1) <= 3 {
+				switch {
+				case how == "refused" && drops.Add(1) <= 3:
 					return d.DialContext(ctx, "unix", sock)
+				case how == "unresolved":
+					if n := drops.Add(1); n >= 2 && n <= 4 { // after the first line's answer
+						return nil, &net.DNSError{Err: "no such host", Name: "dispatcher.example", IsNotFound: true}
+					}
 				}
 				return d.DialContext(ctx, network, addr)
 			}}
+			tr.DisableKeepAlives = how == "unresolved" // every request dials, and so resolves
 			t.Cleanup(tr.CloseIdleConnections)
 			cfg := setup(t, f, taskLines(3))
 			cfg.Concurrency, cfg.Order, cfg.HTTPClient = 1, OrderFile, &http.Client{Transport: tr}
