@@ -100,7 +100,7 @@ func BenchmarkWaitEstimate(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		s.loadBeatsWait("label-1", ls, 3)
+		s.loadWins("label-1", ls, 3, 0)
 	}
 }
 

@@ -1255,20 +1255,15 @@ func (s *Scheduler) rngStart(n int) int {
 	return s.rng.IntN(n)
 }
 
-// loadBeatsWait is the cost model of rule 2: true when loading the label on a free
-// worker (its learned load time plus run time) is expected to finish the task sooner
-// than waiting behind `ahead` queued tasks for the label's busy holders, by at least
-// half a load. The margin stands for what a load costs beyond its own time (memory,
-// an eviction that may need reloading later), and it keeps a burst of first requests
-// waiting for the load already under way instead of starting loads elsewhere. A label
-// whose holders are outpaced by its demand loads a copy sooner (see outpaced).
-func (s *Scheduler) loadBeatsWait(label string, ls *labelState, ahead int) bool {
-	return s.loadWins(label, ls, ahead, 0) != 0
-}
-
-// loadWins is loadBeatsWait saying which test it passed (LoadBeatsWait, LoadOutpaced,
-// or 0 when waiting wins), for a load whose eviction costs regret more (see regret):
-// the load must beat waiting by that too.
+// loadWins is the cost model of rule 2: LoadBeatsWait when loading the label on a
+// free worker (its learned load time plus run time) is expected to finish the task
+// sooner than waiting behind `ahead` queued tasks for the label's busy holders, by at
+// least half a load and regret (what the load's eviction costs, see regret);
+// LoadOutpaced when the label's holders are outpaced by its demand (see outpaced);
+// 0 when waiting wins. The half-load margin stands for what a load costs beyond its
+// own time (memory, an eviction that may need reloading later), and it keeps a burst
+// of first requests waiting for the load already under way instead of starting loads
+// elsewhere.
 func (s *Scheduler) loadWins(label string, ls *labelState, ahead int, regret time.Duration) LoadReason {
 	st := s.statsOf(ls)
 	start, run, slots := s.expectedStart(label, ls, ahead, st)
@@ -1284,7 +1279,7 @@ func (s *Scheduler) loadWins(label string, ls *labelState, ahead int, regret tim
 // outpaced reports whether a label's submissions have come faster than its holders'
 // slots run them (`run` each), by a quarter or more, in a stretch of arrivals lasting
 // at least a load time. Such a backlog grows for as long as no copy is added: waiting
-// until it is a load and a half long, as the first test in loadBeatsWait does, makes
+// until it is a load and a half long, as the first test in loadWins does, makes
 // every task behind it wait too. The margin keeps demand near the holders' capacity,
 // and the span a burst (its arrivals span no time), from loading copies that would
 // soon sit idle. A rate that arrivals have stopped renewing fades: the time since the
@@ -1406,7 +1401,7 @@ func (s *Scheduler) loadEndBeatsWait(h *heldLabel, ahead int) bool {
 // that has overrun its estimate is not taken to be ending now: it is expected to go on
 // for as long again as it has overrun (zero at the estimate, growing after), so that a
 // holder stuck on a long task stops looking about to free and the tasks waiting for it
-// are loaded elsewhere (overdue, loadBeatsWait) instead of waiting out their bound.
+// are loaded elsewhere (overdue, loadWins) instead of waiting out their bound.
 //
 // The overrun counts only past the delay slack (delaySlack): an attempt whose result
 // is no later than results have lately been for reasons outside the task is taken to
