@@ -10,11 +10,12 @@
 # Environment: SLOTS per agent (8), CONNECTIONS (64); OLD_FLAGS and NEW_FLAGS, extra
 # dispatcher flags for REV's build and this tree's (word-split), so that one build can be
 # compared with itself under two settings: NEW_FLAGS='--gc-percent 800' ab.sh HEAD 8 5s.
+# DISPATCHER_GOMEMLIMIT (921MiB, as in throughput.sh and the chart; empty for none).
 # Needs wrk.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 REV=${1:?usage: ab.sh REV [PAIRS] [DURATION]}; PAIRS=${2:-5}; DURATION=${3:-5s}
-CONNS=${CONNECTIONS:-64}; SLOTS=${SLOTS:-8}
+CONNS=${CONNECTIONS:-64}; SLOTS=${SLOTS:-8}; MEMLIMIT=${DISPATCHER_GOMEMLIMIT-921MiB}
 LUA=${RELAY_DIR:-../shared/tools/relay-limit}/post.lua
 command -v wrk >/dev/null || { echo "wrk not found: apt-get install wrk" >&2; exit 1; }
 [ -f "$LUA" ] || { echo "post.lua not found at $LUA (set RELAY_DIR)" >&2; exit 1; }
@@ -35,7 +36,7 @@ measure() {
   local -a flags
   read -r -a flags <<<"$2"
   rm -rf "$TMP/data"
-  "$bin/dispatcher" --addr 127.0.0.1:18380 --log-level warn --task-retention 1s --data-dir "$TMP/data" "${flags[@]}" >"$TMP/d.log" 2>&1 &
+  env ${MEMLIMIT:+GOMEMLIMIT=$MEMLIMIT} "$bin/dispatcher" --addr 127.0.0.1:18380 --log-level warn --task-retention 1s --data-dir "$TMP/data" "${flags[@]}" >"$TMP/d.log" 2>&1 &
   d=$!
   GOMAXPROCS=1 "$bin/worker-agent" --dispatcher-url ws://127.0.0.1:18380/worker-listen --worker-id ab --agents 8 \
     --slots "$SLOTS" --max-labels 5 --sim-load-time 0 --sim-run-time 0 --log-level warn >"$TMP/a.log" 2>&1 &

@@ -12,13 +12,22 @@ import (
 )
 
 // defaultGCPercent is the dispatcher's garbage-collector target (as GOGC) when neither
-// --gc-percent nor GOGC says otherwise. Under load a cycle costs about the same however
-// much garbage came before it (with the retained answers switched off, the heap stays
-// at Go's 4 MB floor and GC costs no less per task), so twice Go's default target
-// halves the GC's CPU: 4.5 -> 2.5 us per task at full load (gctrace, RESULTS.md "Sixth
-// round"). The price is a heap up to three times the live data instead of two (8.6 ->
-// 12.6 KiB per idle worker), which the memory limit below keeps inside a container's.
+// --gc-percent nor GOGC says otherwise and no memory limit is in effect. Under load a
+// cycle costs about the same however much garbage came before it (with the retained
+// answers switched off, the heap stays at Go's 4 MB floor and GC costs no less per
+// task), so twice Go's default target halves the GC's CPU: 4.5 -> 2.5 us per task at
+// full load (gctrace, RESULTS.md "Sixth round"). The price is a heap up to three times
+// the live data instead of two.
 const defaultGCPercent = 200
+
+// limitedGCPercent is the default target when a memory limit is in effect (the
+// container's, read below, or GOMEMLIMIT): the limit bounds the heap, so the collector
+// can wait for nine times the live data where there is room. gctrace at full load: 2.26
+// -> 0.61 us of GC per task from 200, and 3-5% less CPU per task in paired runs
+// (RESULTS.md "Twenty-third round"). Near the limit the collector runs as often as it
+// must, as at any target. Without a limit it stays at defaultGCPercent, as nine times
+// the retained answers (up to --task-retention-bytes) is more than a host expects.
+const limitedGCPercent = 800
 
 // gcSettings is how the garbage collector was set up, for the start-up log.
 type gcSettings struct {
@@ -31,8 +40,9 @@ type gcSettings struct {
 }
 
 // gcPercent decides the GC target: --gc-percent (or GC_PERCENT) when given, else GOGC
-// when set (the runtime has applied it already, so apply is false), else the default.
-func gcPercent(flagValue int, flagGiven bool, gogc string, gogcSet bool) (percent int, source string, apply bool, err error) {
+// when set (the runtime has applied it already, so apply is false), else the default,
+// which depends on whether a memory limit is in effect.
+func gcPercent(flagValue int, flagGiven bool, gogc string, gogcSet bool, limited bool) (percent int, source string, apply bool, err error) {
 	switch {
 	case flagGiven:
 		if flagValue < 1 && flagValue != -1 {
@@ -50,37 +60,42 @@ func gcPercent(flagValue int, flagGiven bool, gogc string, gogcSet bool) (percen
 		}
 		return p, "GOGC", false, nil
 	}
+	if limited {
+		return limitedGCPercent, "default under a memory limit", true, nil
+	}
 	return defaultGCPercent, "default", true, nil
 }
 
-// setupGC applies the GC target and sets the runtime's soft memory limit (GOMEMLIMIT) to
-// memRatio of the container's memory limit (cgroup v1 or v2), so that a larger GC target
-// makes use of memory the container has without running into its OOM kill: near the
-// limit the collector runs as often as it must. GOMEMLIMIT in the environment wins; a
-// ratio of 0 or no container limit leaves the memory limit unset. Only a bad setting is
-// an error.
+// setupGC sets the runtime's soft memory limit (GOMEMLIMIT) to memRatio of the
+// container's memory limit (cgroup v1 or v2), so that the GC target makes use of memory
+// the container has without running into its OOM kill: near the limit the collector
+// runs as often as it must. GOMEMLIMIT in the environment wins; a ratio of 0 or no
+// container limit leaves the memory limit unset. Then it applies the GC target, whose
+// default is higher when there is a limit. Only a bad setting is an error, and it
+// changes nothing.
 func setupGC(flagValue int, flagGiven bool, memRatio float64) (gcSettings, error) {
 	gogc, gogcSet := os.LookupEnv("GOGC")
-	percent, source, apply, err := gcPercent(flagValue, flagGiven, gogc, gogcSet)
-	if err != nil {
+	// Checked before anything is set; the limit decides only the default's value.
+	if _, _, _, err := gcPercent(flagValue, flagGiven, gogc, gogcSet, false); err != nil {
 		return gcSettings{}, err
 	}
 	if math.IsNaN(memRatio) || memRatio < 0 || memRatio > 1 {
 		return gcSettings{}, fmt.Errorf("--memory-limit-ratio %v: want a share of the container's memory limit in (0, 1], or 0 for none", memRatio)
 	}
+	s := gcSettings{memLimit: debug.SetMemoryLimit(-1)}
+	if memRatio != 0 {
+		limit, err := memlimit.Set(memlimit.WithRatio(memRatio), memlimit.WithProvider(memlimit.FromCgroup))
+		switch {
+		case err == nil:
+			s.memLimit = limit
+		case !errors.Is(err, memlimit.ErrNoCgroup) && !errors.Is(err, memlimit.ErrCgroupsNotSupported):
+			s.memLimitErr = err
+		}
+	}
+	percent, source, apply, _ := gcPercent(flagValue, flagGiven, gogc, gogcSet, s.memLimit != math.MaxInt64)
 	if apply {
 		debug.SetGCPercent(percent)
 	}
-	s := gcSettings{percent: percent, source: source, memLimit: debug.SetMemoryLimit(-1)}
-	if memRatio == 0 {
-		return s, nil
-	}
-	limit, err := memlimit.Set(memlimit.WithRatio(memRatio), memlimit.WithProvider(memlimit.FromCgroup))
-	switch {
-	case err == nil:
-		s.memLimit = limit
-	case !errors.Is(err, memlimit.ErrNoCgroup) && !errors.Is(err, memlimit.ErrCgroupsNotSupported):
-		s.memLimitErr = err
-	}
+	s.percent, s.source = percent, source
 	return s, nil
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"math"
+	"os"
 	"runtime/debug"
 	"strings"
 	"testing"
@@ -17,16 +18,20 @@ func TestGCPercentPrecedence(t *testing.T) {
 		wantPercent int
 		wantSource  string
 		wantApply   bool
+		limited     bool
 	}{
-		{"default", defaultGCPercent, false, "", false, defaultGCPercent, "default", true},
-		{"GOGC wins over the default", defaultGCPercent, false, "100", true, 100, "GOGC", false},
-		{"GOGC off", defaultGCPercent, false, "off", true, -1, "GOGC", false},
-		{"unreadable GOGC is the runtime's 100", defaultGCPercent, false, "lots", true, 100, "GOGC", false},
-		{"the flag wins over GOGC", 400, true, "100", true, 400, "flag", true},
-		{"the flag can turn it off", -1, true, "", false, -1, "flag", true},
+		{"default", defaultGCPercent, false, "", false, defaultGCPercent, "default", true, false},
+		{"GOGC wins over the default", defaultGCPercent, false, "100", true, 100, "GOGC", false, false},
+		{"GOGC off", defaultGCPercent, false, "off", true, -1, "GOGC", false, false},
+		{"unreadable GOGC is the runtime's 100", defaultGCPercent, false, "lots", true, 100, "GOGC", false, false},
+		{"the flag wins over GOGC", 400, true, "100", true, 400, "flag", true, false},
+		{"the flag can turn it off", -1, true, "", false, -1, "flag", true, false},
+		{"a higher default under a memory limit", defaultGCPercent, false, "", false, limitedGCPercent, "default under a memory limit", true, true},
+		{"GOGC wins under a memory limit too", defaultGCPercent, false, "100", true, 100, "GOGC", false, true},
+		{"the flag wins under a memory limit too", 300, true, "", false, 300, "flag", true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p, src, apply, err := gcPercent(tc.flagValue, tc.flagGiven, tc.gogc, tc.gogcSet)
+			p, src, apply, err := gcPercent(tc.flagValue, tc.flagGiven, tc.gogc, tc.gogcSet, tc.limited)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -83,5 +88,38 @@ func TestSetupGCAppliesTheTargetAndNoLimitAtRatioZero(t *testing.T) {
 	}
 	if s.memLimit != math.MaxInt64 || debug.SetMemoryLimit(-1) != math.MaxInt64 {
 		t.Errorf("memory limit %d with ratio 0, want none", s.memLimit)
+	}
+}
+
+// unsetenv removes an environment variable for the test, restoring it afterwards.
+func unsetenv(t *testing.T, name string) {
+	t.Setenv(name, "") // registers the restore
+	os.Unsetenv(name)
+}
+
+func TestSetupGCDefaultFollowsTheMemoryLimit(t *testing.T) {
+	restoreGC(t)
+	unsetenv(t, "GOGC")
+	// No limit: ratio 0 reads no container limit, and the runtime has none.
+	debug.SetMemoryLimit(math.MaxInt64)
+	s, err := setupGC(defaultGCPercent, false, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := debug.SetGCPercent(100); got != defaultGCPercent || s.percent != defaultGCPercent || s.source != "default" {
+		t.Errorf("without a memory limit: GC target %d (reported %d from %q), want %d by default", got, s.percent, s.source, defaultGCPercent)
+	}
+	// GOMEMLIMIT as the runtime applied it at start: the container's is then not read.
+	t.Setenv("GOMEMLIMIT", "512MiB")
+	debug.SetMemoryLimit(512 << 20)
+	s, err = setupGC(defaultGCPercent, false, 0.9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := debug.SetGCPercent(100); got != limitedGCPercent || s.percent != limitedGCPercent || s.source != "default under a memory limit" {
+		t.Errorf("under GOMEMLIMIT: GC target %d (reported %d from %q), want %d by default", got, s.percent, s.source, limitedGCPercent)
+	}
+	if s.memLimit != 512<<20 {
+		t.Errorf("memory limit reported %d, want GOMEMLIMIT's %d", s.memLimit, 512<<20)
 	}
 }
