@@ -9,8 +9,9 @@
 #   benchmark/scripts/ab.sh REV [PAIRS] [DURATION]      e.g. ab.sh HEAD~3 5 5s
 # Environment: SLOTS per agent (8), CONNECTIONS (64); OLD_FLAGS and NEW_FLAGS, extra
 # dispatcher flags for REV's build and this tree's (word-split), so that one build can be
-# compared with itself under two settings: NEW_FLAGS='--gc-percent 800' ab.sh HEAD 8 5s.
-# DISPATCHER_GOMEMLIMIT (921MiB, as in throughput.sh and the chart; empty for none).
+# compared with itself under two settings: NEW_FLAGS='--gc-percent 400' ab.sh HEAD 8 5s.
+# DISPATCHER_GOMEMLIMIT (921MiB, as in throughput.sh and the chart, so the GC target is
+# 800 unless a flag says otherwise; empty or off for none, and so 200).
 # Needs wrk.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -36,7 +37,7 @@ measure() {
   local -a flags
   read -r -a flags <<<"$2"
   rm -rf "$TMP/data"
-  env ${MEMLIMIT:+GOMEMLIMIT=$MEMLIMIT} "$bin/dispatcher" --addr 127.0.0.1:18380 --log-level warn --task-retention 1s --data-dir "$TMP/data" "${flags[@]}" >"$TMP/d.log" 2>&1 &
+  GOMEMLIMIT="${MEMLIMIT:-off}" "$bin/dispatcher" --addr 127.0.0.1:18380 --log-level warn --task-retention 1s --data-dir "$TMP/data" "${flags[@]}" >"$TMP/d.log" 2>&1 &
   d=$!
   GOMAXPROCS=1 "$bin/worker-agent" --dispatcher-url ws://127.0.0.1:18380/worker-listen --worker-id ab --agents 8 \
     --slots "$SLOTS" --max-labels 5 --sim-load-time 0 --sim-run-time 0 --log-level warn >"$TMP/a.log" 2>&1 &

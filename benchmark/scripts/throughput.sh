@@ -6,7 +6,8 @@
 # WORKERS (8), SLOTS per agent (1), AGENT_PROCS (1: all agents in one process),
 # SERVER_GOMAXPROCS (unset: Go's default) for the dispatcher and the relay alike;
 # DISPATCHER_GOMEMLIMIT (921MiB: what the chart's 1 GiB container limit gives it; empty
-# for none, which also puts its GC target back to 200).
+# or off for none, which also puts its GC target back to 200, whatever the caller's
+# GOMEMLIMIT or cgroup).
 #   benchmark/scripts/throughput.sh [ROUNDS] [DURATION] [CONNECTIONS]
 # Besides req/s and latency, each row has the CPU time per request (µs, from /proc) of
 # our dispatcher and agents and of the whole relay: on a shared machine it is the
@@ -33,8 +34,9 @@ LUA="$RELAY_DIR/post.lua"
 server_env=(); [ -n "${SERVER_GOMAXPROCS:-}" ] && server_env=(GOMAXPROCS="$SERVER_GOMAXPROCS")
 # The dispatcher runs under the soft memory limit the chart's container gives it (90% of
 # 1 GiB), and so at the GC target it has there (800, not 200: README "Memory and GC").
+# GOMEMLIMIT=off, not an unset one, for none: the dispatcher then reads no cgroup limit.
 MEMLIMIT=${DISPATCHER_GOMEMLIMIT-921MiB}
-disp_env=("${server_env[@]}"); [ -n "$MEMLIMIT" ] && disp_env+=(GOMEMLIMIT="$MEMLIMIT")
+disp_env=("${server_env[@]}" GOMEMLIMIT="${MEMLIMIT:-off}")
 env "${disp_env[@]}" "$BIN/dispatcher" --addr 127.0.0.1:18080 --log-level warn --data-dir "$BIN/data" --task-retention 1s >"$BIN/dispatcher.log" 2>&1 &
 OURS_PIDS=$!
 DISP_PID=$!

@@ -23,8 +23,8 @@ const defaultGCPercent = 200
 // limitedGCPercent is the default target when a memory limit is in effect (the
 // container's, read below, or GOMEMLIMIT): the limit bounds the heap, so the collector
 // can wait for nine times the live data where there is room. gctrace at full load: 2.26
-// -> 0.61 us of GC per task from 200, and 3-5% less CPU per task in paired runs
-// (RESULTS.md "Twenty-third round"). Near the limit the collector runs as often as it
+// -> 0.61 us of GC per task from 200, about 4% less CPU per task in three of four sets
+// of paired runs (RESULTS.md "Twenty-third round"). Near the limit the collector runs as often as it
 // must, as at any target. Without a limit it stays at defaultGCPercent, as nine times
 // the retained answers (up to --task-retention-bytes) is more than a host expects.
 const limitedGCPercent = 800
@@ -32,38 +32,50 @@ const limitedGCPercent = 800
 // gcSettings is how the garbage collector was set up, for the start-up log.
 type gcSettings struct {
 	percent  int    // the GC target in effect; -1 is off
-	source   string // "flag", "GOGC" or "default"
+	source   string // "flag", "GOGC", "default" or "default under a memory limit"
 	memLimit int64  // the runtime's soft memory limit; math.MaxInt64 is none
 	// memLimitErr says why the container's limit could not be read: the dispatcher
 	// runs on without a memory limit rather than refusing to start.
 	memLimitErr error
 }
 
+// memoryLimitProvider reads the container's memory limit; tests replace it.
+var memoryLimitProvider = memlimit.FromCgroup
+
+// checkGCSettings refuses a bad --gc-percent or --memory-limit-ratio before anything is
+// set.
+func checkGCSettings(flagValue int, flagGiven bool, memRatio float64) error {
+	if flagGiven && flagValue < 1 && flagValue != -1 {
+		return fmt.Errorf("--gc-percent %d: want a percentage of at least 1, or -1 for off", flagValue)
+	}
+	if math.IsNaN(memRatio) || memRatio < 0 || memRatio > 1 {
+		return fmt.Errorf("--memory-limit-ratio %v: want a share of the container's memory limit in (0, 1], or 0 for none", memRatio)
+	}
+	return nil
+}
+
 // gcPercent decides the GC target: --gc-percent (or GC_PERCENT) when given, else GOGC
 // when set (the runtime has applied it already, so apply is false), else the default,
 // which depends on whether a memory limit is in effect.
-func gcPercent(flagValue int, flagGiven bool, gogc string, gogcSet bool, limited bool) (percent int, source string, apply bool, err error) {
+func gcPercent(flagValue int, flagGiven bool, gogc string, gogcSet bool, limited bool) (percent int, source string, apply bool) {
 	switch {
 	case flagGiven:
-		if flagValue < 1 && flagValue != -1 {
-			return 0, "", false, fmt.Errorf("--gc-percent %d: want a percentage of at least 1, or -1 for off", flagValue)
-		}
-		return flagValue, "flag", true, nil
+		return flagValue, "flag", true
 	case gogcSet:
 		if gogc == "off" {
-			return -1, "GOGC", false, nil
+			return -1, "GOGC", false
 		}
 		p, err := strconv.Atoi(gogc)
 		if err != nil {
 			// The runtime ignores a GOGC it cannot read and uses 100.
-			return 100, "GOGC", false, nil
+			return 100, "GOGC", false
 		}
-		return p, "GOGC", false, nil
+		return p, "GOGC", false
 	}
 	if limited {
-		return limitedGCPercent, "default under a memory limit", true, nil
+		return limitedGCPercent, "default under a memory limit", true
 	}
-	return defaultGCPercent, "default", true, nil
+	return defaultGCPercent, "default", true
 }
 
 // setupGC sets the runtime's soft memory limit (GOMEMLIMIT) to memRatio of the
@@ -74,17 +86,12 @@ func gcPercent(flagValue int, flagGiven bool, gogc string, gogcSet bool, limited
 // default is higher when there is a limit. Only a bad setting is an error, and it
 // changes nothing.
 func setupGC(flagValue int, flagGiven bool, memRatio float64) (gcSettings, error) {
-	gogc, gogcSet := os.LookupEnv("GOGC")
-	// Checked before anything is set; the limit decides only the default's value.
-	if _, _, _, err := gcPercent(flagValue, flagGiven, gogc, gogcSet, false); err != nil {
+	if err := checkGCSettings(flagValue, flagGiven, memRatio); err != nil {
 		return gcSettings{}, err
-	}
-	if math.IsNaN(memRatio) || memRatio < 0 || memRatio > 1 {
-		return gcSettings{}, fmt.Errorf("--memory-limit-ratio %v: want a share of the container's memory limit in (0, 1], or 0 for none", memRatio)
 	}
 	s := gcSettings{memLimit: debug.SetMemoryLimit(-1)}
 	if memRatio != 0 {
-		limit, err := memlimit.Set(memlimit.WithRatio(memRatio), memlimit.WithProvider(memlimit.FromCgroup))
+		limit, err := memlimit.Set(memlimit.WithRatio(memRatio), memlimit.WithProvider(memoryLimitProvider))
 		switch {
 		case err == nil:
 			s.memLimit = limit
@@ -92,10 +99,11 @@ func setupGC(flagValue int, flagGiven bool, memRatio float64) (gcSettings, error
 			s.memLimitErr = err
 		}
 	}
-	percent, source, apply, _ := gcPercent(flagValue, flagGiven, gogc, gogcSet, s.memLimit != math.MaxInt64)
+	gogc, gogcSet := os.LookupEnv("GOGC")
+	var apply bool
+	s.percent, s.source, apply = gcPercent(flagValue, flagGiven, gogc, gogcSet, s.memLimit != math.MaxInt64)
 	if apply {
-		debug.SetGCPercent(percent)
+		debug.SetGCPercent(s.percent)
 	}
-	s.percent, s.source = percent, source
 	return s, nil
 }

@@ -101,7 +101,9 @@ func run(args []string) error {
 	retention := fs.Duration("task-retention", 10*time.Minute, "how long a finished task answers GET /tasks/{id} and resubmissions of its id")
 	retentionCount := fs.Int("task-retention-count", 100_000, "most finished tasks kept in memory for --task-retention (journaled ones are also answered from the journal)")
 	retentionBytes := fs.Int64("task-retention-bytes", 256<<20, "most memory the finished tasks kept hold, their results included; the oldest go first")
-	gcTarget := fs.Int("gc-percent", defaultGCPercent, "garbage-collector target as in GOGC (-1: off); by default 800 when a memory limit is in effect (the container's or GOMEMLIMIT), else 200; GOGC in the environment wins over the default")
+	// 0 stands for "not given", so that the help does not print one of the two defaults
+	// as the only one.
+	gcTarget := fs.Int("gc-percent", 0, "garbage-collector target as in GOGC (-1: off); by default 800 when a memory limit is in effect (the container's or GOMEMLIMIT), else 200; GOGC in the environment wins over the default")
 	memRatio := fs.Float64("memory-limit-ratio", 0.9, "share of the container's memory limit (cgroup) set as the Go runtime's soft limit (0: none); GOMEMLIMIT in the environment wins")
 	fs.VisitAll(func(f *flag.Flag) { f.Usage += " (env " + envName(f.Name) + ")" })
 	if err := fs.Parse(args); err != nil {
