@@ -103,6 +103,9 @@ type Config struct {
 	syncDir func(dir string) error
 	// syncFile fsyncs the output or rejected file (tests fail it). Nil: f.Sync.
 	syncFile func(f *os.File) error
+	// opened, when set, is called between opening the output or rejected file and
+	// locking it (tests interleave runs there).
+	opened func(path string)
 	// maxAnswerBytes bounds the dispatcher's answer read for one line; a larger one
 	// rejects the line. Zero: 64 MiB (tests lower it).
 	maxAnswerBytes int64

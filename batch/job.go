@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"net/url"
@@ -136,6 +137,10 @@ type job struct {
 	// later is a Service being recreated or a certificate being rotated, waited out as
 	// no answer, not a wrong --dispatcher.
 	answered bool
+	// outCreated, rejCreated and cpCreated: this run made the file, so a run refused or
+	// stopped before it writes a line removes it (undo) rather than leave an empty file
+	// that looks like a job's.
+	outCreated, rejCreated, cpCreated bool
 
 	// Read by the control server; written by the loop (atomics) or the server.
 	timeout        atomic.Int64 // nanoseconds
@@ -179,20 +184,21 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 	}
 	j.bo.Reset()
 	j.timeout.Store(int64(cfg.WorkTimeout))
-	if err := j.open(); err != nil {
-		j.closeFiles()
-		return Summary{}, err
-	}
+	// closeFiles is deferred before anything can fail: undo removes the files it
+	// created while it still holds their locks.
 	defer j.closeFiles()
+	if err := j.open(); err != nil {
+		return Summary{}, j.undo(err)
+	}
 	stopControl, err := j.startControl()
 	if err != nil {
-		return Summary{}, err
+		return Summary{}, j.undo(err)
 	}
 	defer stopControl()
 	if cfg.Progress != nil {
 		remaining, err := countLines(cfg.Input, j.cp.InputOffset)
 		if err != nil {
-			return Summary{}, err
+			return Summary{}, j.undo(err)
 		}
 		j.bar = newBar(cfg.Progress, remaining)
 	}
@@ -207,6 +213,9 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 			cerr = fmt.Errorf("%w (while stopping: %v)", cerr, err)
 		}
 		err = cerr
+	}
+	if err != nil {
+		err = j.undo(err)
 	}
 	if j.bar != nil {
 		if err == nil {
@@ -263,10 +272,10 @@ func (j *job) open() error {
 	// checkpoint" each wrote one, the second's job id over the first's under its running
 	// job; and a run that read a checkpoint the job's last run then moved past would cut
 	// that run's lines back.
-	if j.out, err = openLocked(j.cfg.Output); err != nil {
+	if j.out, j.outCreated, err = j.openLocked(j.cfg.Output); err != nil {
 		return err
 	}
-	if j.rej, err = openLocked(j.cfg.Rejected); err != nil {
+	if j.rej, j.rejCreated, err = j.openLocked(j.cfg.Rejected); err != nil {
 		return err
 	}
 	cp, ok, err := loadCheckpoint(j.cfg.Checkpoint)
@@ -292,7 +301,9 @@ func (j *job) open() error {
 		if cp.Rejected, err = filepath.Abs(j.cfg.Rejected); err != nil {
 			return fmt.Errorf("rejected: %w", err)
 		}
-		// The checkpoint comes first: from now on the files are ours to truncate.
+		// The checkpoint comes first: from now on the files are ours to truncate. There
+		// was none under the locks, so whatever save leaves there is this run's.
+		j.cpCreated = true
 		if err := cp.save(j.cfg.Checkpoint, j.cfg.syncDir); err != nil {
 			return err
 		}
@@ -351,26 +362,96 @@ func (j *job) open() error {
 // errLocked is lockFile's answer when another process holds the lock.
 var errLocked = errors.New("locked")
 
-// openLocked opens path for writing and holds its lock until the file is closed. The
-// lock is taken before anything reads the checkpoint or cuts a file back: a second run
-// of a running job (a cron job overlapping the last one) would cut the files under the
-// first one and interleave their lines.
-func openLocked(path string) (*os.File, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	if err = lockFile(f); errors.Is(err, errLocked) {
-		err = fmt.Errorf("%s is in use by another batch job (a run of this job still going?): wait for it or stop it", path)
-	} else if err != nil {
-		// Some file systems (some network mounts) refuse locks; say which file.
-		err = fmt.Errorf("locking %s: %w", path, err)
-	}
-	if err != nil {
+// openLocked opens path for writing, creating it when it does not exist (created),
+// and holds its lock until the file is closed. The lock is taken before anything reads
+// the checkpoint or cuts a file back: a second run of a running job (a cron job
+// overlapping the last one) would cut the files under the first one and interleave
+// their lines.
+//
+// A run that is refused removes the files it created, and only while it holds their
+// locks (undo): a file it created but another run locked first is that run's. So a
+// file is created exclusively, never opened as "maybe new", and after locking it the
+// run checks that the path still leads to it: a run that opened it just before a
+// refused run removed it would otherwise lock, and write, a file no name leads to.
+func (j *job) openLocked(path string) (f *os.File, created bool, err error) {
+	for {
+		f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+		created = err == nil
+		if errors.Is(err, fs.ErrExist) {
+			f, err = os.OpenFile(path, os.O_RDWR, 0)
+			if errors.Is(err, fs.ErrNotExist) {
+				if fi, lerr := os.Lstat(path); lerr != nil || fi.Mode()&fs.ModeSymlink == 0 {
+					continue // removed since by a refused run: create it
+				}
+				// A link to a file not there yet, which O_EXCL refuses: its target is
+				// created as before, and not counted as this run's.
+				f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+			}
+		}
+		if err != nil {
+			return nil, false, err
+		}
+		if j.cfg.opened != nil {
+			j.cfg.opened(path)
+		}
+		if err = lockFile(f); errors.Is(err, errLocked) {
+			err = fmt.Errorf("%s is in use by another batch job (a run of this job still going?): wait for it or stop it", path)
+		} else if err != nil {
+			// Some file systems (some network mounts) refuse locks; say which file.
+			err = fmt.Errorf("locking %s: %w", path, err)
+		}
+		if err != nil {
+			f.Close()
+			return nil, false, err
+		}
+		held, err := f.Stat()
+		if err == nil {
+			var now os.FileInfo
+			if now, err = os.Stat(path); err == nil && os.SameFile(held, now) {
+				return f, created, nil
+			}
+		}
 		f.Close()
-		return nil, err
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return nil, false, fmt.Errorf("reading %s: %w", path, err)
+		}
+		// Removed (and maybe created again) since it was opened: open what is there now.
 	}
-	return f, nil
+}
+
+// undo removes what this run created, when it ends with err having written no line:
+// the output and rejected files (empty, and still locked by it, so no other run is
+// using them), and a fresh job's checkpoint unless tasks went out under its job id,
+// which the next run then reuses to attach to them. It returns err, with what it could
+// not remove.
+func (j *job) undo(err error) error {
+	if j.st.lines.Load() > 0 {
+		return err
+	}
+	var left []string
+	for _, c := range []struct {
+		f       *os.File
+		created bool
+	}{{j.out, j.outCreated}, {j.rej, j.rejCreated}} {
+		if c.f == nil || !c.created {
+			continue
+		}
+		if size, serr := fileSize(c.f); serr != nil || size > 0 {
+			continue // bytes this run did not write (or a size unknown): not ours to remove
+		}
+		if rerr := os.Remove(c.f.Name()); rerr != nil {
+			left = append(left, rerr.Error())
+		}
+	}
+	if j.cpCreated && j.st.issued.Load() == 0 {
+		if rerr := os.Remove(j.cfg.Checkpoint); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
+			left = append(left, rerr.Error())
+		}
+	}
+	if len(left) > 0 {
+		return fmt.Errorf("%w (and this run's files are left: %s)", err, strings.Join(left, "; "))
+	}
+	return err
 }
 
 // fileSize is f's size now.
