@@ -1037,9 +1037,9 @@ func (j *job) handle(r report) {
 }
 
 // unreachable says how to fix a request's failure that no retry can get past: a host
-// that does not resolve, or a server certificate the job does not trust. Empty for the
-// rest (refused, reset, timeouts, a DNS server that did not answer), which a
-// dispatcher restarting gives too.
+// that does not resolve, a server certificate the job does not trust, or an https URL
+// of a server that answers in plain HTTP. Empty for the rest (refused, reset,
+// timeouts, a DNS server that did not answer), which a dispatcher restarting gives too.
 func unreachable(err error) string {
 	var dnsErr *net.DNSError
 	if errors.As(err, &dnsErr) && dnsErr.IsNotFound {
@@ -1051,6 +1051,12 @@ func unreachable(err error) string {
 	var invalidErr x509.CertificateInvalidError
 	if errors.As(err, &verifyErr) || errors.As(err, &authorityErr) || errors.As(err, &hostErr) || errors.As(err, &invalidErr) {
 		return "the job does not trust the dispatcher's certificate: check --dispatcher's host name, and give a private CA in SSL_CERT_FILE"
+	}
+	// The TLS client's first read found no TLS record: net/http says so when it looks
+	// like HTTP (ErrSchemeMismatch), else passes the record error on.
+	var recordErr tls.RecordHeaderError
+	if errors.Is(err, http.ErrSchemeMismatch) || errors.As(err, &recordErr) {
+		return "the server does not speak TLS: check --dispatcher's scheme (http:// for a dispatcher without --tls-cert)"
 	}
 	return ""
 }

@@ -841,11 +841,16 @@ func TestUnreachableDispatcherStopsTheJob(t *testing.T) {
 	tlsSrv.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshakes
 	tlsSrv.StartTLS()
 	t.Cleanup(tlsSrv.Close)
+	plainSrv := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		t.Error("a TLS handshake was taken for a request")
+	}))
+	t.Cleanup(plainSrv.Close)
 	for _, tt := range []struct {
 		name, url string
 		cause     string
 	}{
 		{"untrusted certificate", tlsSrv.URL, "x509: certificate signed by unknown authority"},
+		{"https to a plain-HTTP server", "https://" + strings.TrimPrefix(plainSrv.URL, "http://"), "does not speak TLS"},
 		// .invalid never resolves (RFC 6761).
 		{"unknown host", "http://dispatcher.invalid:8080", "no such host"},
 	} {
