@@ -130,7 +130,10 @@ type engine struct {
 	runDist    []Dist
 	taskRNG    *rand.Rand   // labels and durations of open-loop tasks
 	prodRNG    []*rand.Rand // per producer: labels, durations, pauses
-	trace      []traceLine
+	// outstanding is, per closed-loop producer, how many tasks of its latest burst (one
+	// task without bursts) have not finished: it pauses once none has.
+	outstanding []int
+	trace       []traceLine
 
 	submitted, finished int
 	waiting             int // submitted, not started
@@ -173,11 +176,19 @@ func Run(sc Scenario, policy string, seed uint64, opt Options) (Result, error) {
 
 // simulate is Run, returning the engine for the tests to look into.
 func simulate(sc Scenario, policy string, seed uint64, opt Options) (*engine, error) {
-	clock := &vclock{base: time.Unix(1_700_000_000, 0)}
+	clock := newClock()
 	router, err := NewRouter(policy, clock, seed, sc, opt)
 	if err != nil {
 		return nil, err
 	}
+	return simulateOn(sc, policy, seed, router, clock)
+}
+
+func newClock() *vclock { return &vclock{base: time.Unix(1_700_000_000, 0)} }
+
+// simulateOn is simulate on a router built on clock: the tests wrap one to watch
+// what the engine submits.
+func simulateOn(sc Scenario, policy string, seed uint64, router Router, clock *vclock) (*engine, error) {
 	e := &engine{sc: sc, router: router, clock: clock, pop: newPopularity(sc.Labels),
 		taskRNG: rand.New(rand.NewPCG(seed, 1)), distinct: map[string]struct{}{}, loadEnds: map[copyKey]time.Duration{}}
 	e.res.Policy = policy
@@ -268,6 +279,7 @@ func (e *engine) seedArrivals(seed uint64) error {
 	switch a.Kind {
 	case "closed":
 		e.prodRNG = make([]*rand.Rand, a.Producers)
+		e.outstanding = make([]int, a.Producers)
 		for p := range e.prodRNG {
 			e.prodRNG[p] = rand.New(rand.NewPCG(seed, uint64(100+p)))
 			e.push(event{at: 0, kind: evArrive, producer: p})
@@ -297,26 +309,48 @@ func (e *engine) quota(p int) int {
 	return q
 }
 
+// arrive submits what one arrival brings: a trace line's task, or a burst of tasks
+// for one label (one task unless the scenario gives bursts). Random numbers are drawn
+// in this order: the burst's size (uniform bursts only), its label, then each task's
+// load and run.
 func (e *engine) arrive(ev event) {
 	r := e.taskRNG
 	if ev.producer >= 0 {
 		r = e.prodRNG[ev.producer]
 	}
-	var li int
-	var label string
 	if ev.producer <= -2 {
-		label = e.trace[-2-ev.producer].label
-		li = -1
-	} else {
-		li = e.pop.draw(r, e.clock.now)
-		label = e.labelNames[li]
+		e.submit(ev.producer, e.trace[-2-ev.producer].label, e.sc.Load, e.sc.Run, r)
+		return
 	}
-	t := &simTask{arrived: e.clock.now, producer: ev.producer}
-	if li >= 0 {
-		t.load, t.run = e.loadDist[li].sample(r), e.runDist[li].sample(r)
-	} else {
-		t.load, t.run = e.sc.Load.sample(r), e.sc.Run.sample(r)
+	n := 1
+	if b := e.sc.Arrival.Burst; b.on() {
+		n = min(b.size(r), e.tasksLeft(ev.producer))
 	}
+	if ev.producer >= 0 {
+		e.outstanding[ev.producer] = n
+	}
+	li := e.pop.draw(r, e.clock.now)
+	for range n {
+		e.submit(ev.producer, e.labelNames[li], e.loadDist[li], e.runDist[li], r)
+	}
+	if ev.producer == -1 && e.submitted < e.sc.Tasks {
+		e.push(event{at: e.clock.now + e.interarrival(), kind: evArrive, producer: -1})
+	}
+}
+
+// tasksLeft is how many tasks the open loop (producer -1), or closed-loop producer p
+// between bursts, has still to send.
+func (e *engine) tasksLeft(p int) int {
+	if p < 0 {
+		return e.sc.Tasks - e.submitted
+	}
+	return e.quota(p) - e.res.sent[p]
+}
+
+// submit hands one task of the label to the router, its load and run drawn from r.
+func (e *engine) submit(producer int, label string, load, run Dist, r *rand.Rand) {
+	t := &simTask{arrived: e.clock.now, producer: producer}
+	t.load, t.run = load.sample(r), run.sample(r)
 	e.submitted++
 	t.sched = scheduler.Task{ID: strconv.Itoa(e.submitted), Label: label, Ref: t}
 	e.distinct[label] = struct{}{}
@@ -326,17 +360,17 @@ func (e *engine) arrive(ev event) {
 		panic(fmt.Sprintf("submit: %v", err)) // a fresh task: cannot happen
 	}
 	e.apply(out)
-	if ev.producer == -1 && e.submitted < e.sc.Tasks {
-		e.push(event{at: e.clock.now + e.interarrival(), kind: evArrive, producer: -1})
-	}
 }
 
+// interarrival draws the time to the next open-loop arrival. Rate and utilisation
+// count tasks, so arrivals come that often divided by the mean burst.
 func (e *engine) interarrival() time.Duration {
 	rate := e.sc.Arrival.Rate
 	if rate == 0 {
 		capacity := float64(e.sc.Workers.Count*e.sc.Workers.Slots) / e.sc.Run.mean().Seconds()
 		rate = e.sc.Arrival.Utilisation * capacity
 	}
+	rate /= e.sc.Arrival.Burst.mean() // exactly 1 without bursts
 	return time.Duration(e.taskRNG.ExpFloat64() / rate * float64(time.Second))
 }
 
@@ -389,7 +423,8 @@ func (e *engine) finish(ev event) {
 	e.apply(out)
 	if p := t.producer; p >= 0 {
 		e.res.sent[p]++
-		if e.res.sent[p] < e.quota(p) {
+		e.outstanding[p]--
+		if e.outstanding[p] == 0 && e.res.sent[p] < e.quota(p) {
 			a := e.sc.Arrival
 			wait := time.Duration(e.prodRNG[p].NormFloat64()*float64(a.WaitStddev) + float64(a.WaitAvg))
 			e.push(event{at: e.clock.now + max(wait, a.MinWait.D()), kind: evArrive, producer: p})

@@ -29,6 +29,10 @@ func FuzzParseScenario(f *testing.F) {
 	}
 	f.Add([]byte("workers: {count: 2, max_labels: 1, slots: 2}\nlabels: {count: 3, popularity: shifting, exponent: 1, shift_every: 1s, shift_by: 1}\n" +
 		"load: {kind: exponential, mean: 400ms}\nrun: {kind: uniform, min: 0s, max: 80ms}\narrival: {kind: poisson, utilisation: 0.9}\ntasks: 40\n"))
+	f.Add([]byte("workers: {count: 3, max_labels: 2, slots: 1}\nlabels: {count: 5, popularity: zipf, exponent: 1}\nload: {kind: fixed, value: 400ms}\n" +
+		"run: {kind: fixed, value: 50ms}\narrival: {kind: poisson, rate: 40, burst: {kind: uniform, min: 1, max: 9}}\ntasks: 60\n"))
+	f.Add([]byte("workers: {count: 2, max_labels: 2, slots: 2}\nlabels: {count: 4}\nload: {kind: fixed, value: 400ms}\nrun: {kind: fixed, value: 0s}\n" +
+		"arrival: {kind: closed, producers: 3, wait_avg: 1s, min_wait: 0s, burst: {kind: fixed, size: 7}}\ntasks: 50\n"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		sc, err := Parse(b)
 		if err != nil {

@@ -81,6 +81,12 @@ type Arrival struct {
 	Utilisation float64 `json:"utilisation,omitempty"`
 	// Trace: a file of "seconds,label" lines, relative to the scenario file.
 	File string `json:"file,omitempty"`
+	// Burst: how many tasks each arrival brings, all for one label at one instant
+	// (absent: one). Poisson: bursts arrive at rate (or utilisation) divided by the
+	// mean burst, so those still count tasks. Closed: a producer sends a burst, waits
+	// for all of its results, then pauses. The last burst is cut to the tasks left.
+	// Not for traces.
+	Burst Burst `json:"burst,omitzero"`
 }
 
 // Duration is a time.Duration written as a Go duration string ("400ms").
@@ -204,6 +210,9 @@ func (sc Scenario) Validate() error {
 		}
 	default:
 		bad("arrival.kind %q unknown (closed, poisson, trace)", sc.Arrival.Kind)
+	}
+	if err := sc.Arrival.Burst.validate(sc.Arrival.Kind); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
