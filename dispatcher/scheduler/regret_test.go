@@ -46,3 +46,59 @@ func TestLoadThatEvictsAnAskedForSoleCopyMustBeatWaitingByItsLoadToo(t *testing.
 	}
 	check(t, b.s)
 }
+
+// A label whose first tasks come in one burst (at one instant in the simulator,
+// microseconds apart through the dispatcher) has not shown a gap between its tasks yet:
+// the burst must not leave its smoothed gap near zero, or its "asked for within two of
+// its gaps" window closes at once for the dozens of arrivals the smoothing takes to
+// recover, and the regret of evicting its only copy is not counted. The same arrivals as
+// in TestLoadThatEvictsAnAskedForSoleCopyMustBeatWaitingByItsLoadToo, c's first task
+// being a burst of two.
+func TestBurstOfFirstTasksKeepsTheLabelAskedFor(t *testing.T) {
+	t.Parallel()
+	for _, apart := range []time.Duration{0, 20 * time.Microsecond} {
+		t.Run(apart.String()+" apart", func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, Config{LoadTimePrior: 20 * time.Millisecond, RunTimePrior: 2 * time.Millisecond})
+			b.worker("h", 1, 1, "a")
+			b.worker("f", 1, 1, "c")
+			first, second := b.task("c"), b.task("c")
+			one(t, b.submit(first))
+			b.clock.advance(apart)
+			none(t, b.submit(second)) // queued for f, which holds c
+			b.clock.advance(2*time.Millisecond - apart)
+			if a := one(t, b.complete(first, false)); a.Task != second || a.WorkerID != "f" {
+				t.Fatalf("got %+v, want %s on f", a, second.ID)
+			}
+			b.clock.advance(2 * time.Millisecond)
+			none(t, b.complete(second, false))
+			b.clock.advance(6 * time.Millisecond)
+			runC := func() {
+				c := b.task("c")
+				one(t, b.submit(c))
+				b.clock.advance(2 * time.Millisecond)
+				b.complete(c, false)
+			}
+			runC() // c's tasks come every 10 ms or so after the burst
+			stalled := b.task("a")
+			one(t, b.submit(stalled))
+			b.clock.advance(26 * time.Millisecond)
+			runC()
+			b.clock.advance(10 * time.Millisecond)
+			// As in the test above: a load on f beats waiting for the stuck holder by
+			// more than half a load, but not by that and c's reload; c was asked for
+			// 12 ms ago, within two of its gaps (10 and 28 ms).
+			waiting := b.task("a")
+			if as := b.submit(waiting); len(as) != 0 {
+				t.Fatalf("got %+v: a loaded on f, evicting c, asked for 12 ms ago", as)
+			}
+			none(t, b.s.Rebalance().Assigned)
+			b.clock.advance(20 * time.Millisecond)
+			as := b.s.Rebalance().Assigned
+			if len(as) != 1 || as[0].Task != waiting || as[0].WorkerID != "f" || !as[0].Load || as[0].EvictLabel != "c" {
+				t.Fatalf("got %+v, want %s loading a on f, evicting c, once c has gone quiet", as, waiting.ID)
+			}
+			check(t, b.s)
+		})
+	}
+}
