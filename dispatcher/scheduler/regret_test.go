@@ -24,6 +24,14 @@ func TestLoadThatEvictsAnAskedForSoleCopyMustBeatWaitingByItsLoadToo(t *testing.
 	runC()
 	b.clock.advance(8 * time.Millisecond)
 	runC() // c's tasks come every 10 ms or so
+	stallHolderOfAWhileCIsAskedFor(t, b, runC)
+}
+
+// stallHolderOfAWhileCIsAskedFor stalls a's holder h while c's tasks keep coming on f,
+// about every 10 ms until now, and checks that a task for a waits rather than evict c,
+// asked for 12 ms ago, and loads on f once c has gone quiet.
+func stallHolderOfAWhileCIsAskedFor(t *testing.T, b *bundle, runC func()) {
+	t.Helper()
 	stalled := b.task("a")
 	one(t, b.submit(stalled))
 	b.clock.advance(26 * time.Millisecond)
@@ -42,7 +50,7 @@ func TestLoadThatEvictsAnAskedForSoleCopyMustBeatWaitingByItsLoadToo(t *testing.
 	b.clock.advance(20 * time.Millisecond)
 	as := b.s.Rebalance().Assigned
 	if len(as) != 1 || as[0].Task != waiting || as[0].WorkerID != "f" || !as[0].Load || as[0].EvictLabel != "c" {
-		t.Fatalf("got %+v, want %s loading a on f, evicting c", as, waiting.ID)
+		t.Fatalf("got %+v, want %s loading a on f, evicting c, once c has gone quiet", as, waiting.ID)
 	}
 	check(t, b.s)
 }
@@ -80,25 +88,7 @@ func TestBurstOfFirstTasksKeepsTheLabelAskedFor(t *testing.T) {
 				b.complete(c, false)
 			}
 			runC() // c's tasks come every 10 ms or so after the burst
-			stalled := b.task("a")
-			one(t, b.submit(stalled))
-			b.clock.advance(26 * time.Millisecond)
-			runC()
-			b.clock.advance(10 * time.Millisecond)
-			// As in the test above: a load on f beats waiting for the stuck holder by
-			// more than half a load, but not by that and c's reload; c was asked for
-			// 12 ms ago, within two of its gaps (10 and 28 ms).
-			waiting := b.task("a")
-			if as := b.submit(waiting); len(as) != 0 {
-				t.Fatalf("got %+v: a loaded on f, evicting c, asked for 12 ms ago", as)
-			}
-			none(t, b.s.Rebalance().Assigned)
-			b.clock.advance(20 * time.Millisecond)
-			as := b.s.Rebalance().Assigned
-			if len(as) != 1 || as[0].Task != waiting || as[0].WorkerID != "f" || !as[0].Load || as[0].EvictLabel != "c" {
-				t.Fatalf("got %+v, want %s loading a on f, evicting c, once c has gone quiet", as, waiting.ID)
-			}
-			check(t, b.s)
+			stallHolderOfAWhileCIsAskedFor(t, b, runC)
 		})
 	}
 }
