@@ -37,6 +37,9 @@ type gcSettings struct {
 	// memLimitErr says why the container's limit could not be read: the dispatcher
 	// runs on without a memory limit rather than refusing to start.
 	memLimitErr error
+	// containerLimit is the container's memory limit when GOMEMLIMIT is set above it
+	// (0 otherwise): the soft limit then does not keep the heap inside the container.
+	containerLimit int64
 }
 
 // memoryLimitProvider reads the container's memory limit; tests replace it.
@@ -97,6 +100,13 @@ func setupGC(flagValue int, flagGiven bool, memRatio float64) (gcSettings, error
 			s.memLimit = limit
 		case !errors.Is(err, memlimit.ErrNoCgroup) && !errors.Is(err, memlimit.ErrCgroupsNotSupported):
 			s.memLimitErr = err
+		}
+		// Set leaves a GOMEMLIMIT as it is; one above the container's limit would let the
+		// higher default target grow the heap into the OOM kill.
+		if _, set := os.LookupEnv("GOMEMLIMIT"); set && s.memLimit != math.MaxInt64 {
+			if c, err := memoryLimitProvider(); err == nil && c < uint64(s.memLimit) {
+				s.containerLimit = int64(c)
+			}
 		}
 	}
 	gogc, gogcSet := os.LookupEnv("GOGC")

@@ -118,6 +118,7 @@ func TestSetupGCDefaultFollowsTheMemoryLimit(t *testing.T) {
 		wantSource     string
 		wantLimit      int64
 		wantErr        bool
+		wantAbove      int64 // the container's limit reported as below GOMEMLIMIT
 	}{
 		{name: "no container", ratio: 0.9, wantPercent: defaultGCPercent, wantSource: "default", wantLimit: math.MaxInt64},
 		{name: "a container's limit", containerLimit: 1 << 30, ratio: 0.9,
@@ -128,6 +129,8 @@ func TestSetupGCDefaultFollowsTheMemoryLimit(t *testing.T) {
 			wantPercent: defaultGCPercent, wantSource: "default", wantLimit: math.MaxInt64, wantErr: true},
 		{name: "GOMEMLIMIT wins over the container's", containerLimit: 1 << 30, gomemlimit: 512 << 20, ratio: 0.9,
 			wantPercent: limitedGCPercent, wantSource: "default under a memory limit", wantLimit: 512 << 20},
+		{name: "GOMEMLIMIT above the container's", containerLimit: 256 << 20, gomemlimit: 512 << 20, ratio: 0.9,
+			wantPercent: limitedGCPercent, wantSource: "default under a memory limit", wantLimit: 512 << 20, wantAbove: 256 << 20},
 		{name: "GOMEMLIMIT with ratio 0", gomemlimit: 512 << 20, ratio: 0,
 			wantPercent: limitedGCPercent, wantSource: "default under a memory limit", wantLimit: 512 << 20},
 	} {
@@ -149,6 +152,9 @@ func TestSetupGCDefaultFollowsTheMemoryLimit(t *testing.T) {
 			}
 			if got := debug.SetMemoryLimit(-1); got != tc.wantLimit || s.memLimit != tc.wantLimit {
 				t.Errorf("memory limit %d (reported %d), want %d", got, s.memLimit, tc.wantLimit)
+			}
+			if s.containerLimit != tc.wantAbove {
+				t.Errorf("container limit reported below GOMEMLIMIT: %d, want %d", s.containerLimit, tc.wantAbove)
 			}
 			if (s.memLimitErr != nil) != tc.wantErr {
 				t.Errorf("memLimitErr %v, want an error: %v", s.memLimitErr, tc.wantErr)

@@ -158,6 +158,10 @@ func run(args []string) error {
 	if gc.memLimitErr != nil {
 		log.Warn().Err(gc.memLimitErr).Msg("could not read the container's memory limit; running without a Go memory limit")
 	}
+	if gc.containerLimit != 0 {
+		log.Warn().Int64("memory_limit_bytes", gc.memLimit).Int64("container_memory_limit_bytes", gc.containerLimit).
+			Msg("GOMEMLIMIT is above the container's memory limit: the heap may outgrow the container and be OOM-killed; set GOMEMLIMIT below it, or leave it unset to use --memory-limit-ratio")
+	}
 	ev := log.Info().Int("gc_percent", gc.percent).Str("gc_percent_from", gc.source)
 	if gc.memLimit != math.MaxInt64 {
 		ev = ev.Int64("memory_limit_bytes", gc.memLimit)
