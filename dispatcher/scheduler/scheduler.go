@@ -80,6 +80,13 @@ type Config struct {
 	// workers come and go (a dispatcher restart, a rollout), the one that can load it
 	// may be about to connect. Zero means 30s.
 	FleetSettle time.Duration
+	// ForgottenLabels bounds how many labels that no worker holds and no task waits for
+	// keep their learned load and run times, the least recently forgotten dropped first
+	// (the rest of such a label's state goes, so that a stream of one-off labels cannot
+	// grow the scheduler): a label evicted everywhere that returns is weighed by its own
+	// durations rather than the priors. About 100 bytes and the name each. Zero means
+	// 4096; negative keeps none.
+	ForgottenLabels int
 	// Seed makes random choices reproducible.
 	Seed uint64
 }
@@ -118,6 +125,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.FleetSettle == 0 {
 		c.FleetSettle = 30 * time.Second
+	}
+	if c.ForgottenLabels == 0 {
+		c.ForgottenLabels = 4096
 	}
 	return c
 }
@@ -334,6 +344,8 @@ type Scheduler struct {
 
 	// failing tracks labels whose loads failed recently (see labelhealth.go).
 	failing map[string]*labelFailures
+	// forgotten keeps the learned estimates of labels whose state maybeForget dropped.
+	forgotten forgotten
 
 	// anyLabel counts the workers that can load any label; loadableBy counts, per
 	// label, the other workers whose backends list it. Submit fails a task no
@@ -396,6 +408,8 @@ func New(cfg Config, clock Clock) (*Scheduler, error) {
 		labels:  make(map[string]*labelState),
 		failing: make(map[string]*labelFailures),
 		queue:   taskList{on: globalLinks},
+
+		forgotten: newForgotten(cfg.ForgottenLabels),
 
 		loadableBy:  make(map[string]int),
 		overrunHeld: make(map[string]overrunAttempts),
@@ -2114,16 +2128,22 @@ func (s *Scheduler) label(name string) *labelState {
 		} else {
 			ls = &labelState{queue: taskList{on: labelLinks}, unservedPos: -1}
 		}
+		if l, ok := s.forgotten.take(name); ok {
+			ls.est, ls.loads, ls.observed = l.est, l.loads, true
+		}
 		s.labels[name] = ls
 	}
 	return ls
 }
 
 // maybeForget drops a label's state when nothing refers to it, so that a stream of
-// one-off labels cannot grow the scheduler without bound. Learned durations are kept
-// while the label is known.
+// one-off labels cannot grow the scheduler without bound. Its learned durations go to
+// s.forgotten, bounded, for when it returns; its arrival gap goes (see learned).
 func (s *Scheduler) maybeForget(name string, ls *labelState) {
 	if ls.holders == 0 && ls.queued == 0 {
+		if ls.observed {
+			s.forgotten.put(name, learned{est: ls.est, loads: ls.loads})
+		}
 		delete(s.labels, name)
 		*ls = labelState{idle: workerSet{items: ls.idle.items[:0]}, all: workerSet{items: ls.all.items[:0]},
 			queue: taskList{on: labelLinks}, unservedPos: -1} // nothing queued: not unserved
